@@ -1,0 +1,29 @@
+# verl-infsample: `make demo` and `make test` are the two entry points; both set up .venv/ first.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+VERL_VERSION := 0.9.1
+
+.PHONY: setup demo test clean-venv
+
+setup: $(STAMP)
+
+# Re-runs only when the requirements or the package metadata change: a second `make setup` takes seconds.
+$(STAMP): requirements/cpu.txt pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements/cpu.txt
+	$(BIN)/python -m pip install -q --no-deps verl==$(VERL_VERSION)
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m verl_infsample.demo
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+clean-venv:
+	rm -rf $(VENV)

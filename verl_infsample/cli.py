@@ -1,0 +1,130 @@
+"""``infsample``: the command line.
+
+    infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
+    infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
+
+Bad input (a malformed trace line, M < 1, a budget that fits no sample, an unknown policy) prints one clear error
+and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .core.capacity import KVBudget, SlotPool
+from .core.policies import POLICIES
+from .core.trace import DISTRIBUTIONS, TraceError, read_trace, synth_trace, write_trace
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (TraceError, ValueError) as e:
+        print(f"infsample: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="infsample", description="Infinite Sampling for verl: traces and simulation.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    trace = sub.add_parser("trace", help="make or inspect rollout-length traces").add_subparsers(
+        dest="trace_command", required=True)
+    synth = trace.add_parser("synth", help="draw a synthetic trace (JSON Lines, one prompt per line)")
+    synth.add_argument("--prompts", type=int, required=True)
+    synth.add_argument("--group-size", type=int, required=True, help="G: responses per prompt")
+    synth.add_argument("--max-len", type=int, required=True, help="response length cap (tokens)")
+    synth.add_argument("--dist", choices=DISTRIBUTIONS, default="lognormal")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--out", required=True)
+    synth.set_defaults(func=_cmd_synth)
+
+    sim = sub.add_parser("simulate", help="replay a trace through the scheduler policies, counting decode steps")
+    sim.add_argument("--trace", required=True)
+    cap = sim.add_mutually_exclusive_group(required=True)
+    cap.add_argument("--slots", type=int, help="M: samples decoded at once (the paper's memory model)")
+    cap.add_argument("--kv-budget", type=int, help="KV cache budget in tokens (prompt once per group + generated)")
+    sim.add_argument("--policy", action="append",
+                     help=f"policy to run (repeat or comma-separate; default: all of {', '.join(POLICIES)})")
+    sim.add_argument("--predictor", default="noisy:0.3", help="oracle | noisy:SIGMA | none | history")
+    sim.add_argument("--max-len", type=int, help="response length cap (default: the trace's longest sample)")
+    sim.add_argument("--fptas-eps", type=float, default=0.02, help="the global plan's (1+eps) guarantee")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", action="store_true", help="print one JSON list, one object per policy")
+    sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
+    sim.set_defaults(func=_cmd_simulate)
+    return p
+
+
+def _cmd_synth(args) -> int:
+    prompts = synth_trace(args.prompts, args.group_size, args.max_len, args.dist, args.seed)
+    write_trace(prompts, args.out)
+    n = sum(p.group_size for p in prompts)
+    print(f"wrote {args.out}: {len(prompts)} prompts, {n} samples, {sum(sum(p.lengths) for p in prompts)} tokens",
+          file=sys.stderr)
+    return 0
+
+
+def _policies(raw: list[str] | None) -> list[str]:
+    names = [n.strip() for item in (raw or [",".join(POLICIES)]) for n in item.split(",") if n.strip()]
+    for n in names:
+        if n not in POLICIES:
+            raise ValueError(f"unknown --policy {n!r}; choose from: {', '.join(POLICIES)}")
+    return names
+
+
+def _cmd_simulate(args) -> int:
+    from .engines.simulated import simulate  # keeps `infsample trace` light
+
+    policies = _policies(args.policy)
+    capacity = SlotPool(args.slots) if args.slots is not None else KVBudget(args.kv_budget)
+    trace = read_trace(args.trace)
+    results, timelines = [], {}
+    for name in _progress(policies, "simulate"):
+        res, sched = simulate(trace, name, capacity, args.predictor, max_len=args.max_len, seed=args.seed,
+                              fptas_eps=args.fptas_eps, return_scheduler=True)
+        results.append(res)
+        timelines[name] = sched.stats.kv_timeline
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=1))
+    else:
+        print(format_table([r.as_dict() for r in results],
+                           ["policy", "predictor", "decode_steps", "lower_bound_steps", "steps_vs_bound",
+                            "peak_active", "peak_kv_tokens", "preemptions", "plan_ms", "total_tokens"]))
+    if args.plot:
+        from .plots import plot_kv_timelines
+
+        plot_kv_timelines(timelines, args.plot, title=f"{args.trace} under {capacity}", unit="KV tokens")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """A plain aligned text table (what people read in a terminal)."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def _progress(items, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is a dependency, but the core must not need it
+        return items
+    return tqdm(items, desc=desc, file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

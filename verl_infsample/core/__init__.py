@@ -1,0 +1,19 @@
+"""The engine-agnostic core: samples, groups, capacity, plans, policies, predictors and the scheduler loop.
+
+Pure Python + numpy: nothing here imports torch, Ray or verl.
+"""
+
+from .capacity import KVBudget, SlotPool
+from .fptas import LaneSchedule, exact_makespan, fptas_schedule, lower_bound, lpt_schedule
+from .policies import POLICIES, Policy, make_policy
+from .predictor import PREDICTORS, LengthPredictor, make_predictor
+from .sample import Group, Sample, SampleState
+from .scheduler import Scheduler, SchedulerStats
+from .trace import TraceError, TracePrompt, read_trace, synth_trace, write_trace
+
+__all__ = [
+    "Group", "KVBudget", "LaneSchedule", "LengthPredictor", "POLICIES", "PREDICTORS", "Policy", "Sample",
+    "SampleState", "Scheduler", "SchedulerStats", "SlotPool", "TraceError", "TracePrompt", "exact_makespan",
+    "fptas_schedule", "lower_bound", "lpt_schedule", "make_policy", "make_predictor", "read_trace", "synth_trace",
+    "write_trace",
+]

@@ -1,0 +1,79 @@
+"""Capacity models: how much may decode at once.
+
+``SlotPool`` is the paper's model: at most M samples in flight. ``KVBudget`` is the real constraint: the KV cache
+holds each in-flight group's prompt once plus every in-flight sample's generated tokens. Admission reserves a
+sample's *predicted* final length (the scheduler never plans past the budget); if reality outgrows the prediction,
+the engine must preempt, and the scheduler counts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .sample import Sample
+
+
+class Ledger(Protocol):
+    """What a capacity model may read of the scheduler's state."""
+
+    num_running: int
+    kv_tokens: int
+
+    def reserved_tokens(self) -> int: ...
+
+    def admission_cost(self, sample: Sample) -> int: ...
+
+
+@dataclass(frozen=True)
+class SlotPool:
+    slots: int
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots (M) must be >= 1, got {self.slots}: it is the number of samples decoded at once")
+
+    def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        return ledger.num_running < self.slots
+
+    def overflows(self, ledger: Ledger) -> bool:
+        return False
+
+    def lanes(self, mean_footprint: float) -> int:
+        return self.slots
+
+    def __str__(self) -> str:
+        return f"slots={self.slots}"
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError(f"kv_budget must be >= 1 token, got {self.tokens}")
+
+    def check_fits(self, prompt_len: int, max_len: int) -> None:
+        """A budget must hold at least one worst-case sample, or the rollout could never finish."""
+        if prompt_len + max_len > self.tokens:
+            raise ValueError(
+                f"kv_budget={self.tokens} tokens cannot hold one sample: the longest prompt ({prompt_len}) plus the "
+                f"longest response ({max_len}) needs {prompt_len + max_len}; raise kv_budget to at least that")
+
+    def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        return ledger.reserved_tokens() + ledger.admission_cost(sample) <= self.tokens
+
+    def overflows(self, ledger: Ledger) -> bool:
+        """Would the next decode step (one token per running sample) exceed the budget?"""
+        return ledger.kv_tokens + ledger.num_running > self.tokens
+
+    def lanes(self, mean_footprint: float) -> int:
+        """How many samples of average (predicted) footprint fit at once: the plan's lane count."""
+        return max(1, int(self.tokens // max(1.0, mean_footprint)))
+
+    def __str__(self) -> str:
+        return f"kv_budget={self.tokens}"
+
+
+Capacity = SlotPool | KVBudget

@@ -1,0 +1,269 @@
+"""Global plan: balance predicted decode work over M slots with a (1+eps)-approximation.
+
+Formulation
+-----------
+With continuous refill, each of the M slots ("lanes") decodes a sequence of samples back to back, one token per
+decode step. A sample of length p occupies its lane for p steps, so the rollout takes as many decode steps as the
+most loaded lane: this is identical-machine makespan scheduling, P_M || C_max.
+
+* objective:   minimise C_max = max over lanes of the sum of (predicted) lengths assigned to it
+* constraint:  every sample on exactly one lane; at most M lanes (the memory-feasible slot count)
+* lower bound: LB = max(longest sample, total / M) <= OPT   (the bound `simulate` reports, in steps)
+* guarantee:   ``fptas_schedule`` returns C_max <= OPT + eps * LB <= (1 + eps) * OPT
+
+P || C_max is strongly NP-hard when M is part of the input, so no algorithm is polynomial in M and 1/eps together;
+the classical FPTAS (Sahni, 1976) is polynomial in n and 1/eps for a fixed M. Ours:
+
+1. LPT (longest first onto the least loaded lane). If its C_max <= (1 + eps) * LB, it is certified and returned:
+   at realistic sizes (hundreds of samples per lane) this is almost always the case, so planning is O(n log n).
+2. Otherwise split the samples: *big* (p > eps * LB) and *small*. Round big lengths up to multiples of
+   delta = eps * LB / k, where k = floor(U / (eps * LB)) bounds the number of big samples per lane in any schedule
+   no worse than LPT's C_max = U. An exact dynamic program over sorted lane-load vectors (states pruned at U) finds
+   the best rounded assignment up to a slack: with delta = eps * LB / (2k) and a slack of eps * LB / 2, its true
+   C_max is at most OPT_big + k * delta + eps * LB / 2 = OPT_big + eps * LB. The DP has at most (U / delta)^M states
+   per layer: polynomial in n and 1/eps for fixed M. It is explored depth first, each state once, pruned by bounds
+   (an exact DP over the states that can still matter), which keeps it fast in practice.
+3. Small samples go greedily onto the least loaded lane. If the lane that finishes last ends with a small sample,
+   that sample started no later than total / M <= OPT, so C_max <= OPT + eps * LB; otherwise C_max is that of
+   step 2. Either way C_max <= OPT + eps * LB.
+
+If the search would visit more than ``max_states`` states (many lanes, a tight instance), it stops with the best
+schedule found (never worse than LPT) and reports the a-posteriori guarantee C_max / LB - 1 as
+``eps_guaranteed``: the bound degrades visibly, never silently.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LaneSchedule:
+    """An assignment of jobs to lanes. ``start`` is each job's start step when every lane runs its jobs in order."""
+
+    lane: np.ndarray  # int, lane of each job
+    start: np.ndarray  # float, start time of each job
+    makespan: float
+    lower_bound: float
+    eps_guaranteed: float | None  # C_max <= OPT + eps_guaranteed * LB; None = no guarantee (heuristic)
+    method: str
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
+
+
+def lower_bound(lengths: np.ndarray, lanes: int) -> float:
+    """max(longest job, total / lanes): no schedule on ``lanes`` lanes finishes sooner."""
+    if len(lengths) == 0:
+        return 0.0
+    return max(float(np.max(lengths)), float(np.sum(lengths)) / lanes)
+
+
+def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int) -> tuple[np.ndarray, float]:
+    """Start times with each lane running its jobs longest first (long, uncertain work starts early)."""
+    order = np.lexsort((-lengths, lane))  # by lane, then longest first
+    ends = np.cumsum(lengths[order])
+    lane_sorted = lane[order]
+    first = np.r_[True, lane_sorted[1:] != lane_sorted[:-1]] if len(order) else np.zeros(0, dtype=bool)
+    # subtract, within each lane, the cumulative work of the lanes before it
+    offsets = np.maximum.accumulate(np.where(first, ends - lengths[order], 0.0)) if len(order) else ends
+    start = np.empty(len(lengths), dtype=float)
+    start[order] = ends - lengths[order] - offsets
+    makespan = float(np.max(ends - offsets, initial=0.0))
+    return start, makespan
+
+
+def _greedy_onto_lanes(lengths: np.ndarray, jobs: np.ndarray, loads: list[float], lane: np.ndarray) -> None:
+    """List-schedule ``jobs`` (in the given order) onto the least loaded lane; updates ``loads`` and ``lane``."""
+    heap = [(load, i) for i, load in enumerate(loads)]
+    heapq.heapify(heap)
+    chosen = []
+    for p in lengths[jobs].tolist():
+        load, i = heap[0]
+        chosen.append(i)
+        heapq.heapreplace(heap, (load + p, i))
+    lane[jobs] = chosen
+    for load, i in heap:
+        loads[i] = load
+
+
+def lpt_schedule(lengths, lanes: int) -> LaneSchedule:
+    """Longest processing time first: a 4/3-approximation, and the baseline the FPTAS must match or beat."""
+    lengths = np.asarray(lengths, dtype=float)
+    _check(lengths, lanes)
+    lane = np.zeros(len(lengths), dtype=np.int64)
+    _greedy_onto_lanes(lengths, np.argsort(-lengths, kind="stable"), [0.0] * lanes, lane)
+    start, makespan = _schedule_from_lanes(lengths, lane, lanes)
+    return LaneSchedule(lane, start, makespan, lower_bound(lengths, lanes), None, "lpt")
+
+
+def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_000) -> LaneSchedule:
+    """(1+eps)-approximate P_M || C_max (see the module docstring for the bound and its proof)."""
+    if not 0 < eps < 1:
+        raise ValueError(f"fptas_eps must be in (0, 1), got {eps}")
+    lengths = np.asarray(lengths, dtype=float)
+    lpt = lpt_schedule(lengths, lanes)
+    lb = lpt.lower_bound
+    if len(lengths) == 0 or lpt.makespan <= lb + eps * lb:
+        return LaneSchedule(lpt.lane, lpt.start, lpt.makespan, lb, lpt.ratio_to_bound - 1.0, "lpt-certified")
+
+    big = np.flatnonzero(lengths > eps * lb)
+    small = np.flatnonzero(lengths <= eps * lb)
+    big = big[np.argsort(-lengths[big], kind="stable")]
+    lane = np.zeros(len(lengths), dtype=np.int64)
+    if len(big) <= lanes:  # one big job per lane is optimal for the big jobs
+        lane[big] = np.arange(len(big))
+        loads = [0.0] * lanes
+        for j in big:
+            loads[lane[j]] += float(lengths[j])
+        eps_done = 0.0
+    else:
+        # half of eps pays for rounding (k big jobs per lane, each rounded up by < delta), half for the search slack
+        k = max(1, math.floor(lpt.makespan / (eps * lb)))
+        delta = 0.5 * eps * lb / k
+        assignment, complete = _rounded_dp(lengths[big], lanes, delta, 0.5 * eps * lb, max_states)
+        lane[big] = assignment
+        loads = [float(np.sum(lengths[big][assignment == i])) for i in range(lanes)]
+        eps_done = eps if complete else math.inf  # incomplete search: only the a-posteriori bound below holds
+    small = small[np.argsort(-lengths[small], kind="stable")]
+    _greedy_onto_lanes(lengths, small, loads, lane)
+    start, makespan = _schedule_from_lanes(lengths, lane, lanes)
+    method = "fptas" if eps_done <= eps else "fptas-budget"
+    if makespan > lpt.makespan:  # both are valid; the better one keeps the guarantee
+        lane, start, makespan = lpt.lane, lpt.start, lpt.makespan
+    # C_max <= OPT + (C_max / LB - 1) * LB always holds, since LB <= OPT: report the tighter of the two bounds
+    return LaneSchedule(lane, start, makespan, lb, min(eps_done, makespan / lb - 1.0), method)
+
+
+def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_states: int):
+    """Exact DP over sorted lane-load vectors of the rounded big jobs, explored depth first with bounds.
+
+    A state is (next job, sorted lane loads in delta units); each is expanded once (memo), and pruned when its
+    lower bound max(max load, (sum + remaining) / lanes) cannot beat the best schedule found so far (initially LPT's,
+    rounded) by more than ``slack`` (in lengths): the result is within ``slack`` of the rounded optimum. Exploring
+    the DP this way visits a subset of its states, typically a tiny one. Returns (assignment, complete): complete is
+    False when the search stopped at ``max_states`` states with the best assignment found so far.
+    """
+    units = [int(math.ceil(p / delta - 1e-9)) for p in big]
+    slack_units = int(math.floor(slack / delta))
+    n = len(units)
+    suffix = [0] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        suffix[j] = suffix[j + 1] + units[j]
+    # incumbent: LPT in rounded units, improved by moves and swaps; the search only has to beat it
+    inc_lane = np.zeros(n, dtype=np.int64)
+    _greedy_onto_lanes(np.asarray(units, dtype=float), np.arange(n), [0.0] * lanes, inc_lane)
+    inc_lane = _improve_by_swaps(units, inc_lane, lanes)
+    best = [max(np.bincount(inc_lane, weights=units, minlength=lanes).astype(int)), inc_lane]
+    floor_units = max(units[0], -(-suffix[0] // lanes))  # no rounded schedule beats this
+    loads = [0] * lanes
+    chosen = np.zeros(n, dtype=np.int64)
+    seen: set = set()
+
+    def search(j: int) -> None:
+        if best[0] <= floor_units:
+            return
+        if j == n:
+            best[0], best[1] = max(loads), chosen.copy()
+            return
+        key = (j, tuple(sorted(loads)))
+        if key in seen:
+            return
+        seen.add(key)
+        if len(seen) > max_states:
+            raise _StateBudgetExceeded
+        if max(max(loads), -(-(sum(loads) + suffix[j]) // lanes)) + slack_units >= best[0]:
+            return
+        tried = set()
+        for i in sorted(range(lanes), key=loads.__getitem__):
+            if loads[i] in tried or loads[i] + units[j] + slack_units >= best[0]:
+                continue
+            tried.add(loads[i])
+            loads[i] += units[j]
+            chosen[j] = i
+            search(j + 1)
+            loads[i] -= units[j]
+
+    try:
+        search(0)
+    except _StateBudgetExceeded:
+        return best[1], False
+    return best[1], True
+
+
+def _improve_by_swaps(units: list[int], lane: np.ndarray, lanes: int) -> np.ndarray:
+    """Local search: move one job off the most loaded lane, or swap it for a shorter one, while that lowers the pair's
+    maximum (the sum of squared loads drops each time, so it terminates). Small instances only."""
+    lane = lane.copy()
+    loads = np.bincount(lane, weights=units, minlength=lanes).astype(np.int64)
+    while True:
+        hi = int(np.argmax(loads))
+        best_gain, best_move = 0, None
+        on_hi = np.flatnonzero(lane == hi)
+        for lo in range(lanes):
+            if lo == hi:
+                continue
+            on_lo = np.flatnonzero(lane == lo)
+            for a in on_hi:
+                for b in [None, *on_lo]:
+                    d = units[a] - (0 if b is None else units[b])
+                    if d <= 0:
+                        continue
+                    gain = loads[hi] - max(loads[hi] - d, loads[lo] + d)
+                    if gain > best_gain:
+                        best_gain, best_move = gain, (a, b, lo, d)
+        if best_move is None:
+            return lane
+        a, b, lo, d = best_move
+        lane[a] = lo
+        if b is not None:
+            lane[b] = hi
+        loads[hi] -= d
+        loads[lo] += d
+
+
+class _StateBudgetExceeded(Exception):
+    pass
+
+
+def exact_makespan(lengths, lanes: int) -> float:
+    """Optimal C_max by branch and bound (small instances only: the reference the FPTAS is tested against)."""
+    lengths = sorted((float(x) for x in lengths), reverse=True)
+    _check(np.asarray(lengths), lanes)
+    lb = lower_bound(np.asarray(lengths), lanes)
+    best = lpt_schedule(lengths, lanes).makespan
+    loads = [0.0] * lanes
+    suffix = np.concatenate([np.cumsum(lengths[::-1])[::-1], [0.0]])
+
+    def search(j: int) -> None:
+        nonlocal best
+        if best <= lb + 1e-9:
+            return
+        if j == len(lengths):
+            best = min(best, max(loads))
+            return
+        if max(max(loads), (sum(loads) + suffix[j]) / lanes) >= best - 1e-9:
+            return
+        tried = set()
+        for i in range(lanes):
+            if loads[i] in tried or loads[i] + lengths[j] >= best - 1e-9:
+                continue
+            tried.add(loads[i])
+            loads[i] += lengths[j]
+            search(j + 1)
+            loads[i] -= lengths[j]
+
+    search(0)
+    return best
+
+
+def _check(lengths: np.ndarray, lanes: int) -> None:
+    if lanes < 1:
+        raise ValueError(f"slots must be >= 1, got {lanes}")
+    if len(lengths) and float(np.min(lengths)) < 0:
+        raise ValueError("lengths must be non-negative")

@@ -1,0 +1,124 @@
+"""Length predictors: what the scheduler believes about a sample's final length before it has finished.
+
+A spec string picks one: ``oracle``, ``noisy:SIGMA``, ``none`` or ``history``. Predictions are in tokens; with no
+information a predictor answers ``max_len``, the worst case, which is also the safe KV reservation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .sample import Group, Sample
+
+
+class LengthPredictor(Protocol):
+    name: str
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        """Predicted final length (tokens) of ``sample`` before it decodes."""
+
+    def observe(self, group: Group, sample: Sample, length: int) -> None:
+        """A sample finished with ``length`` tokens: learn from it."""
+
+
+class _Stateless:
+    def observe(self, group: Group, sample: Sample, length: int) -> None:
+        pass
+
+
+class OraclePredictor(_Stateless):
+    """The true length (simulators and upper-bound studies only)."""
+
+    name = "oracle"
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        if sample.true_len is None:
+            raise ValueError("predictor 'oracle' needs true lengths (a trace); use 'history' or 'none' for live rollouts")
+        return float(sample.true_len)
+
+
+class NoisyOraclePredictor(_Stateless):
+    """True length times lognormal(0, sigma) noise, seeded per sample so every policy sees the same errors."""
+
+    def __init__(self, sigma: float, seed: int, max_len: int):
+        if sigma < 0:
+            raise ValueError(f"predictor 'noisy:SIGMA' needs SIGMA >= 0, got {sigma}")
+        self.sigma, self.seed, self.max_len = sigma, seed, max_len
+        self.name = f"noisy:{sigma:g}"
+        self._noise: dict[tuple[int, int], np.ndarray] = {}  # (group, size) -> one independent stream per group
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        true = OraclePredictor().predict(group, sample)
+        key = (sample.group, group.size)
+        if key not in self._noise:
+            rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(sample.group,)))
+            self._noise[key] = np.exp(self.sigma * rng.standard_normal(group.size))
+        return float(min(self.max_len, max(1.0, true * self._noise[key][sample.index])))
+
+
+class NoInformationPredictor(_Stateless):
+    """Knows nothing: every sample may run to ``max_len``."""
+
+    name = "none"
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        return float(self.max_len)
+
+
+class HistoryPredictor:
+    """Per-prompt running mean of earlier rollouts, else the global mean, else ``max_len``.
+
+    GRPO revisits prompts across epochs, and a prompt's lengths correlate strongly from one visit to the next.
+    """
+
+    name = "history"
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self._sum: dict[str, float] = defaultdict(float)
+        self._count: dict[str, int] = defaultdict(int)
+        self._global_sum, self._global_count = 0.0, 0
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        if self._count.get(group.prompt_id):
+            return self._sum[group.prompt_id] / self._count[group.prompt_id]
+        if self._global_count:
+            return self._global_sum / self._global_count
+        return float(self.max_len)
+
+    def observe(self, group: Group, sample: Sample, length: int) -> None:
+        self._sum[group.prompt_id] += length
+        self._count[group.prompt_id] += 1
+        self._global_sum += length
+        self._global_count += 1
+
+
+PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {
+    "oracle": lambda arg, seed, max_len: OraclePredictor(),
+    "noisy": lambda arg, seed, max_len: NoisyOraclePredictor(_float_arg("noisy", arg), seed, max_len),
+    "none": lambda arg, seed, max_len: NoInformationPredictor(max_len),
+    "history": lambda arg, seed, max_len: HistoryPredictor(max_len),
+}
+
+
+def make_predictor(spec: str, *, seed: int = 0, max_len: int) -> LengthPredictor:
+    """Build a predictor from its spec string, e.g. ``noisy:0.3``."""
+    name, _, arg = spec.partition(":")
+    if name not in PREDICTORS:
+        raise ValueError(f"unknown predictor {spec!r}; choose one of: oracle, noisy:SIGMA, none, history")
+    if arg and name != "noisy":
+        raise ValueError(f"predictor {name!r} takes no argument, got {spec!r}")
+    return PREDICTORS[name](arg, seed, max_len)
+
+
+def _float_arg(name: str, arg: str) -> float:
+    try:
+        return float(arg)
+    except ValueError:
+        raise ValueError(f"predictor '{name}:SIGMA' needs a number for SIGMA, got {arg!r} (e.g. {name}:0.3)") from None

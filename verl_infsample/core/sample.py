@@ -1,0 +1,59 @@
+"""Samples and groups: the units the scheduler moves, with explicit states (as in vLLM's v1 scheduler).
+
+A *group* is one prompt and its G responses (GRPO's group). A *sample* is one response of a group. The prompt's KV
+is shared by every sample of its group that is in flight, so memory is accounted per group (prompt, once) plus per
+sample (generated tokens).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SampleState(enum.Enum):
+    WAITING = "waiting"  # not admitted yet (or preempted and re-queued)
+    RUNNING = "running"  # holds a slot / KV, decodes one token per step
+    FINISHED = "finished"  # done: eos, stop or max length
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt and the number of responses GRPO wants for it."""
+
+    prompt_id: str
+    prompt_len: int
+    size: int  # G
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"group {self.prompt_id!r}: size (G) must be >= 1, got {self.size}")
+        if self.prompt_len < 0:
+            raise ValueError(f"group {self.prompt_id!r}: prompt_len must be >= 0, got {self.prompt_len}")
+
+
+@dataclass(eq=False)
+class Sample:
+    """One response of a group. ``uid`` is its position in the whole batch (group-major), stable across policies."""
+
+    uid: int
+    group: int  # index of its group in the batch
+    index: int  # index within the group, 0..G-1
+    prompt_len: int
+    predicted_len: float = 0.0  # what the scheduler believes the final length will be
+    true_len: int | None = None  # known only to simulators and the oracle predictor
+    state: SampleState = SampleState.WAITING
+    generated: int = 0  # tokens decoded so far (kept across preemption; its KV is not)
+    admitted_at: int = -1  # decode step of the latest admission
+    finished_at: int = -1
+    preemptions: int = 0
+    # engine-owned payload (token ids, log-probs, cache handles); the core never reads it
+    payload: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.group, self.index)
+
+    def remaining_predicted(self) -> float:
+        """Predicted tokens still to decode; never below one while running (it has not finished)."""
+        return max(1.0, self.predicted_len - self.generated)

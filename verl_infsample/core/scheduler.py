@@ -1,0 +1,175 @@
+"""The scheduler: one loop shared by every engine. Data flows one way: plan -> admit -> step -> retire -> refill.
+
+An engine drives it::
+
+    sched = Scheduler(groups, policy, capacity, predictor, max_len)
+    while not sched.done:
+        admitted = sched.admit()          # waiting -> running, in the policy's order, within capacity
+        preempted = sched.make_room()     # KV budget only: evict (LIFO) if the next step would overflow
+        finished = engine.step(sched.running)   # one token for every running sample
+        sched.step_done(finished)         # account the step, retire the finished (frees capacity)
+
+The scheduler knows nothing of tokens, tensors or models; engines keep those in ``Sample.payload``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .capacity import Capacity, KVBudget
+from .policies import Policy
+from .predictor import LengthPredictor
+from .sample import Group, Sample, SampleState
+
+
+@dataclass
+class SchedulerStats:
+    decode_steps: int = 0
+    prefill_passes: int = 0  # group prompts prefilled (once per group, again only after its KV was dropped)
+    recompute_tokens: int = 0  # KV recomputed for preempted samples: the price of a preemption
+    preemptions: int = 0
+    peak_active: int = 0
+    peak_kv_tokens: int = 0
+    total_tokens: int = 0
+    predict_ms: float = 0.0  # length predictions for the whole batch
+    plan_ms: float = 0.0  # the policy's global plan (FPTAS, sorting), predictions excluded
+    # (decode step, KV tokens in use) at every change of the running set: memory over time
+    kv_timeline: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, groups: list[Group], policy: Policy, capacity: Capacity, predictor: LengthPredictor,
+                 max_len: int, true_lengths: list[list[int]] | None = None):
+        if max_len < 1:
+            raise ValueError(f"max_len (response length) must be >= 1, got {max_len}")
+        self.groups, self.policy, self.capacity, self.predictor = groups, policy, capacity, predictor
+        self.max_len = max_len
+        if isinstance(capacity, KVBudget) and not policy.ignores_capacity:
+            capacity.check_fits(max(g.prompt_len for g in groups), max_len)
+        self.samples: list[Sample] = []
+        for gi, g in enumerate(groups):
+            for i in range(g.size):
+                true = true_lengths[gi][i] if true_lengths is not None else None
+                self.samples.append(Sample(uid=len(self.samples), group=gi, index=i, prompt_len=g.prompt_len,
+                                           true_len=true))
+        self.running: list[Sample] = []
+        self.kv_tokens = 0
+        self._group_running = [0] * len(groups)
+        self._finished = 0
+        self.stats = SchedulerStats()
+        self._plan()
+
+    # --- plan -------------------------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        t0 = time.perf_counter()
+        for s in self.samples:
+            s.predicted_len = (float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+                               if self.policy.uses_predictor else float(self.max_len))
+        t1 = time.perf_counter()
+        mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
+            1, len(self.samples))
+        self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint))
+        self.stats.predict_ms = (t1 - t0) * 1e3
+        self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
+
+    # --- ledger (read by the capacity model) --------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def reserved_tokens(self) -> int:
+        """KV the running set may grow to by plan: active prompts once, each sample its predicted final length."""
+        prompts = sum(g.prompt_len for g, n in zip(self.groups, self._group_running) if n)
+        return prompts + sum(_reservation(s) for s in self.running)
+
+    def admission_cost(self, sample: Sample) -> int:
+        new_prompt = 0 if self._group_running[sample.group] else sample.prompt_len
+        return new_prompt + _reservation(sample)
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._finished == len(self.samples)
+
+    def admit(self) -> list[Sample]:
+        fits = (lambda s: True) if self.policy.ignores_capacity else (lambda s: self.capacity.admits(s, self))
+        admitted = []
+        while (s := self.policy.select(fits)) is not None:
+            if s.state is not SampleState.WAITING:
+                raise RuntimeError(f"policy {self.policy.name!r} admitted sample {s.key} in state {s.state.value}")
+            if self._group_running[s.group] == 0:
+                self.stats.prefill_passes += 1  # the group's prompt KV is (re)built once for all its samples
+                self.kv_tokens += s.prompt_len
+            if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
+                self.stats.recompute_tokens += s.generated
+                self.kv_tokens += s.generated
+            s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
+            self._group_running[s.group] += 1
+            self.running.append(s)
+            admitted.append(s)
+        if not self.running and not self.done:
+            raise RuntimeError(f"policy {self.policy.name!r} admitted nothing with the engine empty and "
+                               f"{len(self.samples) - self._finished} samples waiting under {self.capacity}: "
+                               "the capacity cannot hold the next sample")
+        if admitted:
+            self._record_peaks()
+            self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
+        return admitted
+
+    def make_room(self) -> list[Sample]:
+        """Preempt the latest admitted samples until the next step fits the budget (never the last one)."""
+        preempted = []
+        while len(self.running) > 1 and self.capacity.overflows(self):
+            s = self.running.pop()
+            self._release(s)
+            s.state = SampleState.WAITING
+            s.preemptions += 1
+            self.stats.preemptions += 1
+            self.policy.requeue(s)
+            preempted.append(s)
+        return preempted
+
+    def step_done(self, finished: list[Sample], steps: int = 1) -> None:
+        """``steps`` decode steps ran (each gave every running sample one token); ``finished`` ended on the last."""
+        self.stats.decode_steps += steps
+        for s in self.running:
+            s.generated += steps
+        self.kv_tokens += steps * len(self.running)
+        self.stats.total_tokens += steps * len(self.running)
+        self._record_peaks()
+        if finished:
+            done = {id(s) for s in finished}
+            self.running = [s for s in self.running if id(s) not in done]
+            for s in finished:
+                self._release(s)
+                s.state, s.finished_at = SampleState.FINISHED, self.stats.decode_steps
+                self._finished += 1
+                self.policy.on_retire(s)
+                self.predictor.observe(self.groups[s.group], s, s.generated)
+                self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
+
+    def _release(self, s: Sample) -> None:
+        self.kv_tokens -= s.generated
+        self._group_running[s.group] -= 1
+        if self._group_running[s.group] == 0:
+            self.kv_tokens -= s.prompt_len
+
+    def _record_peaks(self) -> None:
+        st = self.stats
+        st.peak_active = max(st.peak_active, len(self.running))
+        st.peak_kv_tokens = max(st.peak_kv_tokens, self.kv_tokens)
+
+    def results(self) -> list[list[Sample]]:
+        """Every sample of every group, each exactly once, in (group, index) order."""
+        if not self.done:
+            raise RuntimeError("the rollout has not finished: refusing to return partial groups")
+        out: list[list[Sample]] = [[] for _ in self.groups]
+        for s in self.samples:
+            out[s.group].append(s)
+        return out
+
+
+def _reservation(s: Sample) -> int:
+    """A sample may grow to its predicted length; once past it, to one more token than it has."""
+    return int(max(s.predicted_len, s.generated + 1))

@@ -1,0 +1,111 @@
+"""Traces: one JSON line per prompt, ``{"prompt_id": "p0", "prompt_len": 120, "lengths": [..G ints..]}``.
+
+A trace is what a rollout produced (or what ``synth`` draws): prompts with the true response lengths of their
+samples. Simulators replay it; predictors learn from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read: the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class TracePrompt:
+    prompt_id: str
+    prompt_len: int
+    lengths: tuple[int, ...]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.lengths)
+
+
+def read_trace(path: str | Path) -> list[TracePrompt]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
+    prompts, seen = [], set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not valid JSON ({e.msg}); expected "
+                             '{"prompt_id": str, "prompt_len": int, "lengths": [int, ...]}') from None
+        prompts.append(_parse_prompt(obj, where))
+        if prompts[-1].prompt_id in seen:
+            raise TraceError(f"{where}: duplicate prompt_id {prompts[-1].prompt_id!r}")
+        seen.add(prompts[-1].prompt_id)
+    if not prompts:
+        raise TraceError(f"{path}: the trace has no prompts")
+    return prompts
+
+
+def _parse_prompt(obj, where: str) -> TracePrompt:
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("prompt_id", "prompt_len", "lengths"):
+        if key not in obj:
+            raise TraceError(f"{where}: missing field {key!r}")
+    pid, plen, lengths = obj["prompt_id"], obj["prompt_len"], obj["lengths"]
+    if not isinstance(pid, (str, int)) or isinstance(pid, bool):
+        raise TraceError(f"{where}: 'prompt_id' must be a string")
+    if not _is_int(plen) or plen < 0:
+        raise TraceError(f"{where}: 'prompt_len' must be an integer >= 0, got {plen!r}")
+    if not isinstance(lengths, list) or not lengths:
+        raise TraceError(f"{where}: 'lengths' must be a non-empty list of integers")
+    for i, n in enumerate(lengths):
+        if not _is_int(n) or n < 1:
+            raise TraceError(f"{where}: 'lengths'[{i}] must be an integer >= 1, got {n!r}")
+    return TracePrompt(str(pid), int(plen), tuple(int(n) for n in lengths))
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def write_trace(prompts: list[TracePrompt], path: str | Path) -> None:
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"prompt_id": p.prompt_id, "prompt_len": p.prompt_len, "lengths": list(p.lengths)}))
+            f.write("\n")
+
+
+DISTRIBUTIONS = ("lognormal", "bimodal")
+
+
+def synth_trace(prompts: int, group_size: int, max_len: int, dist: str = "lognormal", seed: int = 0,
+                prompt_len: tuple[int, int] = (60, 200)) -> list[TracePrompt]:
+    """Synthetic rollout lengths shaped like GRPO rollouts of a reasoning model.
+
+    ``lognormal``: each prompt draws a median length around 250 tokens (log-sd 0.6 across prompts); its samples
+    scatter around that median with log-sd 0.45; everything is truncated at ``max_len``.
+    ``bimodal``: the same, but about 12% of samples run away to ``max_len`` (answers that never stop).
+    """
+    if dist not in DISTRIBUTIONS:
+        raise ValueError(f"unknown --dist {dist!r}; choose one of {', '.join(DISTRIBUTIONS)}")
+    if prompts < 1 or group_size < 1 or max_len < 1:
+        raise ValueError("--prompts, --group-size and --max-len must all be >= 1")
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in range(prompts):
+        median = 250.0 * np.exp(0.6 * rng.standard_normal())
+        lengths = median * np.exp(0.45 * rng.standard_normal(group_size))
+        if dist == "bimodal":
+            lengths = np.where(rng.random(group_size) < 0.12, max_len, lengths)
+        lengths = np.clip(np.round(lengths), 1, max_len).astype(int)
+        plen = int(rng.integers(prompt_len[0], prompt_len[1] + 1))
+        out.append(TracePrompt(f"p{p}", plen, tuple(int(x) for x in lengths)))
+    return out
