@@ -13,7 +13,7 @@ def plot_kv_timelines(timelines: dict[str, list[tuple[int, float]]], path: str, 
     for name, points in timelines.items():
         if points:
             steps, values = zip(*points)
-            ax.plot(steps, values, label=name, drawstyle="steps-post", linewidth=1.2)
+            ax.plot(steps, values, label=name, linewidth=1.2)
     ax.set_xlabel("decode step")
     ax.set_ylabel(unit)
     ax.set_title(title)

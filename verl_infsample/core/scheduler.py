@@ -34,7 +34,7 @@ class SchedulerStats:
     total_tokens: int = 0
     predict_ms: float = 0.0  # length predictions for the whole batch
     plan_ms: float = 0.0  # the policy's global plan (FPTAS, sorting), predictions excluded
-    # (decode step, KV tokens in use) at every change of the running set: memory over time
+    # (decode step, KV tokens in use) after every step and every change of the running set: memory over time
     kv_timeline: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -138,6 +138,7 @@ class Scheduler:
         self.kv_tokens += steps * len(self.running)
         self.stats.total_tokens += steps * len(self.running)
         self._record_peaks()
+        self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
         if finished:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]

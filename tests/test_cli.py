@@ -1,0 +1,75 @@
+"""The ``infsample`` command: its JSON contract, and clear errors (exit 2, no traceback) on bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_infsample.cli import main
+
+REQUIRED = {"policy", "decode_steps", "lower_bound_steps", "peak_active", "peak_kv_tokens", "preemptions",
+            "plan_ms", "total_tokens"}
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    assert main(["trace", "synth", "--prompts", "2", "--group-size", "16", "--max-len", "512", "--dist", "bimodal",
+                 "--seed", "1", "--out", str(path)]) == 0
+    return path
+
+
+def test_simulate_json_contract(trace_file, capsys):
+    capsys.readouterr()
+    assert main(["simulate", "--trace", str(trace_file), "--slots", "4", "--json", "--policy", "naive,infinite",
+                 "--policy", "oracle"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["naive", "infinite", "oracle"]
+    for r in rows:
+        assert REQUIRED <= set(r)
+        assert r["total_tokens"] == rows[0]["total_tokens"]
+        assert r["decode_steps"] >= r["lower_bound_steps"]
+
+
+def test_simulate_table_and_plot(trace_file, tmp_path, capsys):
+    plot = tmp_path / "kv.png"
+    assert main(["simulate", "--trace", str(trace_file), "--kv-budget", "6000", "--max-len", "512",
+                 "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "decode_steps" in out and "infinite" in out and "naive" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--slots", "0"], "slots (M) must be >= 1"),
+    (["--kv-budget", "100", "--max-len", "512"], "cannot hold one sample"),
+    (["--slots", "4", "--policy", "magic"], "unknown --policy 'magic'"),
+    (["--slots", "4", "--predictor", "crystal-ball"], "unknown predictor"),
+    (["--slots", "4", "--max-len", "3"], "shorter than the longest sample"),
+])
+def test_bad_input_is_one_clear_error(trace_file, capsys, args, message):
+    assert main(["simulate", "--trace", str(trace_file), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_console_script_reports_malformed_trace(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_id": "a", "prompt_len": 2, "lengths": [3, "x"]}\n')
+    exe = Path(sys.executable).parent / "infsample"
+    assert exe.exists(), "the console script is not installed in the environment"
+    proc = subprocess.run([str(exe), "simulate", "--trace", str(bad), "--slots", "2"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 2
+    assert f"{bad}:1: 'lengths'[1] must be an integer >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_core_imports_without_torch_ray_or_verl():
+    code = ("import sys, verl_infsample.core, verl_infsample.engines, verl_infsample.cli; "
+            "bad = [m for m in ('torch', 'ray', 'verl', 'transformers') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

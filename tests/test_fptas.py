@@ -1,0 +1,57 @@
+"""The global plan: the FPTAS keeps its (1+eps) promise against an exact solver, and never loses to LPT."""
+
+import numpy as np
+import pytest
+
+from verl_infsample.core.fptas import exact_makespan, fptas_schedule, lower_bound, lpt_schedule
+
+
+def _check_schedule(lengths, sched, lanes):
+    lengths = np.asarray(lengths, dtype=float)
+    assert sched.lane.min() >= 0 and sched.lane.max() < lanes
+    for lane in range(lanes):
+        jobs = np.flatnonzero(sched.lane == lane)
+        spans = sorted(zip(sched.start[jobs], sched.start[jobs] + lengths[jobs]))
+        assert all(a_end <= b_start + 1e-9 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+        load = lengths[jobs].sum()
+        assert load <= sched.makespan + 1e-9
+    assert sched.makespan == pytest.approx(max((sched.start + lengths).max(), 0.0))
+
+
+@pytest.mark.parametrize("eps", [0.02, 0.1, 0.3])
+def test_fptas_within_one_plus_eps_of_optimal(rng, eps):
+    for _ in range(150):
+        n, lanes = int(rng.integers(1, 11)), int(rng.integers(1, 5))
+        lengths = rng.integers(1, 200, n)
+        opt = exact_makespan(lengths, lanes)
+        sched = fptas_schedule(lengths, lanes, eps)
+        _check_schedule(lengths, sched, lanes)
+        assert sched.makespan <= (1 + eps) * opt + 1e-9, (lengths, lanes, opt, sched)
+        assert sched.makespan >= opt - 1e-9
+        assert sched.eps_guaranteed <= eps + 1e-12  # the search completed: the guarantee is the one asked for
+
+
+def test_fptas_beats_lpt_where_lpt_is_not_optimal():
+    lengths = [3, 3, 2, 2, 2]  # LPT: 7, optimum: 6 (3+3 | 2+2+2)
+    assert lpt_schedule(lengths, 2).makespan == 7
+    assert exact_makespan(lengths, 2) == 6
+    sched = fptas_schedule(lengths, 2, eps=0.1)
+    assert sched.makespan == 6 and sched.method == "fptas"
+
+
+def test_fptas_never_worse_than_lpt_on_paper_sized_groups(rng):
+    for _ in range(30):
+        lengths = np.minimum(1024, np.round(250 * np.exp(0.6 * rng.standard_normal() + 0.45 * rng.standard_normal(32))))
+        f, l = fptas_schedule(lengths, 8, 0.02), lpt_schedule(lengths, 8)
+        _check_schedule(lengths, f, 8)
+        assert f.makespan <= l.makespan
+        assert f.makespan <= (1 + f.eps_guaranteed) * lower_bound(lengths, 8) + 1e-9
+
+
+def test_lower_bound_and_errors():
+    assert lower_bound(np.array([10.0, 1.0, 1.0]), 2) == 10
+    assert lower_bound(np.array([4.0, 4.0, 4.0]), 2) == 6
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        lpt_schedule([1, 2], 0)
+    with pytest.raises(ValueError, match="fptas_eps"):
+        fptas_schedule([1, 2], 2, eps=0)

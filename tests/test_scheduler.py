@@ -1,0 +1,159 @@
+"""Every policy, on every capacity model, returns every sample exactly once, and respects its capacity."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_infsample.core import KVBudget, SlotPool, TracePrompt
+from verl_infsample.core.policies import POLICIES
+from verl_infsample.core.sample import SampleState
+from verl_infsample.engines import simulate
+
+
+@st.composite
+def traces(draw):
+    n_prompts = draw(st.integers(1, 5))
+    out = []
+    for p in range(n_prompts):
+        g = draw(st.integers(1, 12))
+        lengths = draw(st.lists(st.integers(1, 60), min_size=g, max_size=g))
+        out.append(TracePrompt(f"p{p}", draw(st.integers(0, 30)), tuple(lengths)))
+    return out
+
+
+def _check_complete(trace, sched):
+    groups = sched.results()
+    assert [len(g) for g in groups] == [p.group_size for p in trace]
+    for p, group in zip(trace, groups):
+        assert [s.index for s in group] == list(range(p.group_size))
+        assert all(s.state is SampleState.FINISHED for s in group)
+        assert [s.generated for s in group] == list(p.lengths)  # every token decoded, none twice
+    uids = [s.uid for g in groups for s in g]
+    assert len(uids) == len(set(uids)) == sum(p.group_size for p in trace)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), slots=st.integers(1, 10), policy=st.sampled_from(sorted(POLICIES)),
+       predictor=st.sampled_from(["oracle", "noisy:0.5", "none", "history"]))
+def test_every_sample_exactly_once_under_slots(trace, slots, policy, predictor):
+    res, sched = simulate(trace, policy, SlotPool(slots), predictor, return_scheduler=True)
+    _check_complete(trace, sched)
+    total = sum(sum(p.lengths) for p in trace)
+    assert res.total_tokens == total
+    longest = max(max(p.lengths) for p in trace)
+    if policy != "full":
+        assert res.peak_active <= slots
+        assert res.decode_steps >= max(longest, -(-total // slots))  # nobody beats the lower bound
+    assert res.preemptions == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), extra=st.integers(0, 400), policy=st.sampled_from(sorted(POLICIES)),
+       predictor=st.sampled_from(["oracle", "noisy:0.5", "none"]))
+def test_every_sample_exactly_once_under_kv_budget(trace, extra, policy, predictor):
+    max_len = 60
+    budget = max(p.prompt_len for p in trace) + max_len + extra
+    res, sched = simulate(trace, policy, KVBudget(budget), predictor, max_len=max_len, return_scheduler=True)
+    _check_complete(trace, sched)
+    if policy != "full":
+        assert res.peak_kv_tokens <= budget  # preemption keeps reality inside the budget
+    if policy != "full" and (predictor != "noisy:0.5" or policy in ("naive", "continuous")):
+        assert res.preemptions == 0  # exact or worst-case reservations never overflow
+
+
+def test_underpredicted_lengths_preempt_and_the_cost_is_counted():
+    trace = [TracePrompt("a", 10, (50, 50, 50, 50)), TracePrompt("b", 10, (40, 45, 50, 55))]
+
+    class Underpredict:  # a predictor that believes every sample is 5 tokens long
+        name = "under"
+
+        def predict(self, group, sample):
+            return 5.0
+
+        def observe(self, group, sample, length):
+            pass
+
+    res, sched = simulate(trace, "infinite", KVBudget(120), Underpredict(), max_len=60, return_scheduler=True)
+    _check_complete(trace, sched)
+    assert res.preemptions > 0
+    assert res.recompute_tokens > 0
+    assert res.peak_kv_tokens <= 120
+    assert sum(s.preemptions for s in sched.samples) == res.preemptions
+
+
+def test_naive_runs_rounds_of_one_group_that_wait_for_the_longest():
+    trace = [TracePrompt("a", 5, (10, 3, 7, 2, 9)), TracePrompt("b", 5, (4, 4, 4))]
+    res, sched = simulate(trace, "naive", SlotPool(2), "none", return_scheduler=True)
+    rounds: dict[int, list] = {}
+    for s in sched.samples:
+        rounds.setdefault(s.admitted_at, []).append(s)
+    previous_end = 0
+    for start in sorted(rounds):
+        members = rounds[start]
+        assert len(members) <= 2 and len({s.group for s in members}) == 1
+        assert start == previous_end  # the next round starts exactly when the last one's longest sample ends
+        previous_end = max(s.finished_at for s in members)
+    assert res.decode_steps == 10 + 7 + 9 + 4 + 4
+
+
+def test_full_decodes_each_group_at_once():
+    trace = [TracePrompt("a", 5, (10, 3, 7)), TracePrompt("b", 5, (4, 6))]
+    res = simulate(trace, "full", SlotPool(1), "none")
+    assert res.decode_steps == 10 + 6
+    assert res.peak_active == 3
+
+
+def test_continuous_refills_a_freed_slot_at_once():
+    trace = [TracePrompt("a", 0, (10, 2, 3, 4))]
+    _, sched = simulate(trace, "continuous", SlotPool(2), "none", return_scheduler=True)
+    by_index = {s.index: s for s in sched.samples}
+    assert by_index[2].admitted_at == by_index[1].finished_at == 2
+    assert by_index[3].admitted_at == by_index[2].finished_at == 5
+
+
+def test_partial_results_are_refused_and_impossible_budgets_rejected():
+    trace = [TracePrompt("a", 100, (10, 20))]
+    with pytest.raises(ValueError, match=r"kv_budget=50 tokens cannot hold one sample.*needs 120"):
+        simulate(trace, "infinite", KVBudget(50), "oracle")
+    with pytest.raises(ValueError, match="slots"):
+        SlotPool(0)
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        simulate(trace, "fastest", SlotPool(2), "oracle")
+    with pytest.raises(ValueError, match="unknown predictor"):
+        simulate(trace, "infinite", SlotPool(2), "psychic")
+    with pytest.raises(ValueError, match="SIGMA"):
+        simulate(trace, "infinite", SlotPool(2), "noisy:lots")
+    from verl_infsample.core import Group, Scheduler, make_policy, make_predictor
+
+    sched = Scheduler([Group("a", 1, 2)], make_policy("continuous"), SlotPool(1),
+                      make_predictor("none", max_len=5), max_len=5)
+    with pytest.raises(RuntimeError, match="partial groups"):
+        sched.results()
+
+
+def test_history_predictor_learns_per_prompt_then_global():
+    from verl_infsample.core import Group, Sample, make_predictor
+
+    pred = make_predictor("history", max_len=1000)
+    g_a, g_b = Group("a", 1, 2), Group("b", 1, 2)
+    s = Sample(uid=0, group=0, index=0, prompt_len=1)
+    assert pred.predict(g_a, s) == 1000  # nothing seen: worst case
+    pred.observe(g_a, s, 100)
+    pred.observe(g_a, s, 300)
+    assert pred.predict(g_a, s) == 200
+    assert pred.predict(g_b, s) == 200  # unseen prompt: global mean
+    pred.observe(g_b, s, 500)
+    assert pred.predict(g_b, s) == 500
+    assert pred.predict(Group("c", 1, 1), s) == pytest.approx(300)
+
+
+def test_noisy_predictions_do_not_depend_on_the_policy():
+    trace = [TracePrompt(f"p{i}", 5, tuple(range(10 + i, 30 + i))) for i in range(3)]
+    _, a = simulate(trace, "lpt", SlotPool(4), "noisy:0.3", seed=7, return_scheduler=True)
+    _, b = simulate(trace, "infinite", SlotPool(2), "noisy:0.3", seed=7, return_scheduler=True)
+    assert [s.predicted_len for s in a.samples] == [s.predicted_len for s in b.samples]
+    _, c = simulate(trace, "infinite", SlotPool(2), "noisy:0.3", seed=8, return_scheduler=True)
+    assert [s.predicted_len for s in a.samples] != [s.predicted_len for s in c.samples]
+    ratios = np.array([s.predicted_len / s.true_len for s in a.samples])
+    assert 0.1 < np.std(np.log(ratios)) < 0.6
