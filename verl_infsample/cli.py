@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--predictor", default="noisy:0.3", help="oracle | noisy:SIGMA | none | history")
     sim.add_argument("--max-len", type=int, help="response length cap (default: the trace's longest sample)")
     sim.add_argument("--fptas-eps", type=float, default=0.02, help="the global plan's (1+eps) guarantee")
+    sim.add_argument("--prefill-chunk", type=int, default=2048,
+                     help="tokens one forward pass prefills: what rebuilding a preempted sample's KV costs in steps")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--json", action="store_true", help="print one JSON list, one object per policy")
     sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
@@ -86,7 +88,8 @@ def _cmd_simulate(args) -> int:
     results, timelines = [], {}
     for name in _progress(policies, "simulate"):
         res, sched = simulate(trace, name, capacity, args.predictor, max_len=args.max_len, seed=args.seed,
-                              fptas_eps=args.fptas_eps, return_scheduler=True)
+                              fptas_eps=args.fptas_eps, prefill_chunk=args.prefill_chunk,
+                              return_scheduler=True)
         results.append(res)
         timelines[name] = sched.stats.kv_timeline
     if args.json:

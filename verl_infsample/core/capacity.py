@@ -1,9 +1,10 @@
 """Capacity models: how much may decode at once.
 
 ``SlotPool`` is the paper's model: at most M samples in flight. ``KVBudget`` is the real constraint: the KV cache
-holds each in-flight group's prompt once plus every in-flight sample's generated tokens. Admission reserves a
-sample's *predicted* final length (the scheduler never plans past the budget); if reality outgrows the prediction,
-the engine must preempt, and the scheduler counts it.
+holds each in-flight group's prompt once plus every in-flight sample's generated tokens. A sample is admitted only
+if the projected KV of the running set, every sample ending at its predicted length, never exceeds the budget (the
+scheduler never plans past it); if reality outgrows the prediction, the engine must preempt, and the scheduler
+counts it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ class Ledger(Protocol):
     num_running: int
     kv_tokens: int
 
-    def reserved_tokens(self) -> int: ...
-
-    def admission_cost(self, sample: Sample) -> int: ...
+    def projected_peak_tokens(self, extra: Sample | None = None) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class KVBudget:
                 f"longest response ({max_len}) needs {prompt_len + max_len}; raise kv_budget to at least that")
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
-        return ledger.reserved_tokens() + ledger.admission_cost(sample) <= self.tokens
+        return ledger.projected_peak_tokens(extra=sample) <= self.tokens
 
     def overflows(self, ledger: Ledger) -> bool:
         """Would the next decode step (one token per running sample) exceed the budget?"""

@@ -9,9 +9,10 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
                previous round's longest sample has ended
 ``continuous`` a freed slot is refilled at once, first come first served, across groups
 ``lpt``        continuous refill, longest predicted sample first (a strong makespan heuristic)
-``infinite``   the global FPTAS plan over predicted lengths (see ``fptas``), admitted in planned start
-               order; when the next planned sample does not fit the free KV, the shortest waiting
-               sample that does fit goes first (shortest-job-first refill)
+``infinite``   with M slots: the global FPTAS plan over predicted lengths (see ``fptas``), admitted in
+               planned start order. Under a KV budget, where each group in flight holds its prompt:
+               groups kept together, longest first. Either way, when the next planned sample does not
+               fit the free KV, the shortest waiting sample that does fit goes first (SJF refill)
 ``oracle``     ``infinite`` with the true lengths: what a perfect predictor would buy
 =============  ==========================================================================================
 """
@@ -37,8 +38,12 @@ class Policy:
     ignores_capacity = False
     forced_predictor: str | None = None
 
-    def plan(self, samples: list[Sample], lanes: int) -> None:
-        """Called once with every sample of the batch, in (group, index) order."""
+    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
+        """Called once with every sample of the batch, in (group, index) order.
+
+        ``lanes``: how many samples decode at once (M, or what a KV budget holds on average).
+        ``prompts_cost_memory``: True under a KV budget, where every group in flight holds its prompt's KV.
+        """
         self.queue = deque(samples)
 
     def select(self, fits: Fits) -> Sample | None:
@@ -67,7 +72,7 @@ class LongestPredictedFirstPolicy(Policy):
     name = "lpt"
     uses_predictor = True
 
-    def plan(self, samples: list[Sample], lanes: int) -> None:
+    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
         self.queue = deque(sorted(samples, key=lambda s: (-s.predicted_len, s.uid)))
 
 
@@ -127,16 +132,20 @@ class InfiniteSamplingPolicy(Policy):
         self.fptas_eps = fptas_eps
         self._info: dict = {}
 
-    def plan(self, samples: list[Sample], lanes: int) -> None:
+    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
         predicted = np.array([s.predicted_len for s in samples], dtype=float)
-        schedule = fptas_schedule(predicted, lanes, self.fptas_eps)
-        order = np.lexsort((-predicted, schedule.start))  # planned start, longest first on ties
+        if prompts_cost_memory:
+            order = _group_major_order(samples)
+            self._info = {"plan_method": "group-major", "plan_lanes": lanes}
+        else:
+            schedule = fptas_schedule(predicted, lanes, self.fptas_eps)
+            order = np.lexsort((-predicted, schedule.start))  # planned start, longest first on ties
+            self._info = {"plan_method": schedule.method, "planned_steps": schedule.makespan, "plan_lanes": lanes,
+                          "plan_eps_guaranteed": schedule.eps_guaranteed}
         self.queue = deque(samples[i] for i in order)
         self._tiebreak = itertools.count()
         self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
         heapq.heapify(self._shortest)
-        self._info = {"plan_method": schedule.method, "planned_steps": schedule.makespan, "plan_lanes": lanes,
-                      "plan_eps_guaranteed": schedule.eps_guaranteed}
 
     def select(self, fits: Fits) -> Sample | None:
         while self.queue and self.queue[0].state is not SampleState.WAITING:
@@ -158,6 +167,16 @@ class InfiniteSamplingPolicy(Policy):
     @property
     def plan_info(self) -> dict:
         return self._info
+
+
+def _group_major_order(samples: list[Sample]) -> np.ndarray:
+    """Under a KV budget every group in flight holds its prompt, so keep groups together: groups whose longest
+    predicted sample is longest go first (a short tail), and within a group the longest samples go first."""
+    group = np.array([s.group for s in samples])
+    predicted = np.array([s.predicted_len for s in samples], dtype=float)
+    longest_in_group = np.zeros(group.max() + 1)
+    np.maximum.at(longest_in_group, group, predicted)
+    return np.lexsort((-predicted, group, -longest_in_group[group]))
 
 
 class OraclePolicy(InfiniteSamplingPolicy):

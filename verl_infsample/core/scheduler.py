@@ -15,6 +15,8 @@ The scheduler knows nothing of tokens, tensors or models; engines keep those in 
 from __future__ import annotations
 
 import time
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from .capacity import Capacity, KVBudget
@@ -25,7 +27,8 @@ from .sample import Group, Sample, SampleState
 
 @dataclass
 class SchedulerStats:
-    decode_steps: int = 0
+    decode_steps: int = 0  # forward passes of the decoding batch, recompute passes included
+    recompute_steps: int = 0  # of which: passes spent rebuilding the KV of preempted samples
     prefill_passes: int = 0  # group prompts prefilled (once per group, again only after its KV was dropped)
     recompute_tokens: int = 0  # KV recomputed for preempted samples: the price of a preemption
     preemptions: int = 0
@@ -69,7 +72,8 @@ class Scheduler:
         t1 = time.perf_counter()
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
-        self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint))
+        self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint),
+                         prompts_cost_memory=isinstance(self.capacity, KVBudget))
         self.stats.predict_ms = (t1 - t0) * 1e3
         self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
 
@@ -78,14 +82,30 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def reserved_tokens(self) -> int:
-        """KV the running set may grow to by plan: active prompts once, each sample its predicted final length."""
-        prompts = sum(g.prompt_len for g, n in zip(self.groups, self._group_running) if n)
-        return prompts + sum(_reservation(s) for s in self.running)
+    def projected_peak_tokens(self, extra: Sample | None = None) -> int:
+        """Peak KV the running set (plus ``extra``) will reach if every sample ends at its predicted length.
 
-    def admission_cost(self, sample: Sample) -> int:
-        new_prompt = 0 if self._group_running[sample.group] else sample.prompt_len
-        return new_prompt + _reservation(sample)
+        Usage grows by one token per running sample per step and drops when a sample (or a group's last sample)
+        finishes, so the peak is reached just before some finish: at t = r, the samples with remaining >= r hold
+        generated + r tokens each, plus the prompts of groups with a member still running. Admitting against this
+        projection (not against the sum of final lengths) lets short samples use the memory long ones have not
+        grown into yet, and still never plans past the budget.
+        """
+        members = self.running if extra is None else [*self.running, extra]
+        if not members:
+            return 0
+        rem = np.array([s.remaining_predicted() for s in members])
+        gen = np.array([s.generated for s in members], dtype=float)
+        order = np.argsort(-rem, kind="stable")
+        at = rem[order]  # candidate peak times, latest first
+        sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
+        group_end: dict[int, float] = {}
+        for s, r in zip(members, rem.tolist()):
+            group_end[s.group] = max(group_end.get(s.group, 0.0), r)
+        ends = np.array(sorted(group_end.values(), reverse=True))
+        prompts = np.cumsum([self.groups[g].prompt_len for g in sorted(group_end, key=group_end.get, reverse=True)])
+        held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
+        return int(np.max(sample_tokens + prompts[held - 1]))
 
     # --- the loop -----------------------------------------------------------------------------------------------
     @property
@@ -119,7 +139,9 @@ class Scheduler:
 
     def make_room(self) -> list[Sample]:
         """Preempt the latest admitted samples until the next step fits the budget (never the last one)."""
-        preempted = []
+        preempted: list[Sample] = []
+        if self.policy.ignores_capacity:
+            return preempted
         while len(self.running) > 1 and self.capacity.overflows(self):
             s = self.running.pop()
             self._release(s)
@@ -129,6 +151,11 @@ class Scheduler:
             self.policy.requeue(s)
             preempted.append(s)
         return preempted
+
+    def charge_recompute(self, steps: int) -> None:
+        """The engine spent ``steps`` forward passes rebuilding preempted samples' KV: they count as steps."""
+        self.stats.decode_steps += steps
+        self.stats.recompute_steps += steps
 
     def step_done(self, finished: list[Sample], steps: int = 1) -> None:
         """``steps`` decode steps ran (each gave every running sample one token); ``finished`` ended on the last."""
@@ -170,7 +197,3 @@ class Scheduler:
             out[s.group].append(s)
         return out
 
-
-def _reservation(s: Sample) -> int:
-    """A sample may grow to its predicted length; once past it, to one more token than it has."""
-    return int(max(s.predicted_len, s.generated + 1))

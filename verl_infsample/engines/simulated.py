@@ -10,7 +10,6 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
-from ..core.fptas import lower_bound
 from ..core.policies import make_policy
 from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample
@@ -20,8 +19,19 @@ from .base import run_rollout
 
 
 class SimulatedEngine:
+    """``prefill_chunk``: tokens one forward pass can prefill. Rebuilding a preempted sample's KV stalls the batch
+    for ceil(tokens / prefill_chunk) passes, charged to ``decode_steps`` (a group's first prompt prefill is not
+    charged: every policy pays it alike)."""
+
+    def __init__(self, prefill_chunk: int = 2048):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
-        pass
+        recompute = sum(s.generated for s in admitted)
+        if recompute:
+            sched.charge_recompute(-(-recompute // self.prefill_chunk))
 
     def evict(self, sched: Scheduler, preempted: list[Sample]) -> None:
         pass
@@ -47,6 +57,7 @@ class SimulationResult:
     peak_kv_tokens: int
     preemptions: int
     recompute_tokens: int
+    recompute_steps: int
     prefill_passes: int
     plan_ms: float
     predict_ms: float
@@ -59,7 +70,7 @@ class SimulationResult:
 
 
 def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predictor: str | LengthPredictor = "none",
-             *, max_len: int | None = None, seed: int = 0, fptas_eps: float = 0.02,
+             *, max_len: int | None = None, seed: int = 0, fptas_eps: float = 0.02, prefill_chunk: int = 2048,
              return_scheduler: bool = False):
     """Run one policy over a trace on the simulator; returns a ``SimulationResult`` (and the scheduler if asked)."""
     longest = max(max(p.lengths) for p in trace)
@@ -72,27 +83,32 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
     sched = Scheduler(groups, pol, capacity, pred, max_len, true_lengths=[list(p.lengths) for p in trace])
-    run_rollout(SimulatedEngine(), sched)
+    run_rollout(SimulatedEngine(prefill_chunk), sched)
     st: SchedulerStats = sched.stats
     bound = _lower_bound_steps(trace, capacity, pol)
     result = SimulationResult(
         policy=policy, predictor=pred.name if pol.uses_predictor else "-", capacity=str(capacity),
         decode_steps=st.decode_steps, lower_bound_steps=bound, steps_vs_bound=round(st.decode_steps / bound, 4),
         peak_active=st.peak_active, peak_kv_tokens=st.peak_kv_tokens, preemptions=st.preemptions,
-        recompute_tokens=st.recompute_tokens, prefill_passes=st.prefill_passes, plan_ms=round(st.plan_ms, 3),
+        recompute_tokens=st.recompute_tokens,
+        recompute_steps=st.recompute_steps, prefill_passes=st.prefill_passes, plan_ms=round(st.plan_ms, 3),
         predict_ms=round(st.predict_ms, 3),
         total_tokens=st.total_tokens, samples=len(sched.samples), plan=pol.plan_info)
     return (result, sched) if return_scheduler else result
 
 
 def _lower_bound_steps(trace: list[TracePrompt], capacity: Capacity, policy) -> int:
-    """max(longest sample, ceil(total tokens / M)); under a KV budget M is how many samples of average length fit."""
+    """No schedule finishes sooner.
+
+    Slots: max(longest sample, ceil(total tokens / M)). KV budget: every step holds at most ``budget`` tokens,
+    while a sample of length l holds 1, 2, ..., l tokens over its l steps and a group's prompt is held at least as
+    long as its longest sample, so steps >= (sum of l(l+1)/2 + sum of prompt * longest in group) / budget.
+    """
     lengths = [n for p in trace for n in p.lengths]
+    longest = max(lengths)
     if policy.ignores_capacity:
-        lanes = max(p.group_size for p in trace)
-    elif isinstance(capacity, SlotPool):
-        lanes = capacity.slots
-    else:  # a KV budget holds at most this many average samples (prompt shared by the group) at once
-        footprint = sum(n + p.prompt_len / p.group_size for p in trace for n in p.lengths) / len(lengths)
-        lanes = capacity.lanes(footprint)
-    return int(max(max(lengths), math.ceil(lower_bound(lengths, lanes) - 1e-9)))
+        return int(max(longest, math.ceil(sum(lengths) / max(p.group_size for p in trace))))
+    if isinstance(capacity, SlotPool):
+        return int(max(longest, math.ceil(sum(lengths) / capacity.slots)))
+    area = sum(n * (n + 1) // 2 for n in lengths) + sum(p.prompt_len * max(p.lengths) for p in trace)
+    return int(max(longest, math.ceil(area / capacity.tokens)))
