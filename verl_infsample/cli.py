@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON list, one object per policy")
     sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
     sim.set_defaults(func=_cmd_simulate)
+
+    from .bench_engine import add_bench_engine_parser
+    from .models.tiny import add_make_tiny_model_parser
+
+    add_make_tiny_model_parser(sub)
+    add_bench_engine_parser(sub)
     return p
 
 

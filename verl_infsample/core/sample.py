@@ -1,8 +1,9 @@
 """Samples and groups: the units the scheduler moves, with explicit states (as in vLLM's v1 scheduler).
 
 A *group* is one prompt and its G responses (GRPO's group). A *sample* is one response of a group. The prompt's KV
-is shared by every sample of its group that is in flight, so memory is accounted per group (prompt, once) plus per
-sample (generated tokens).
+is built when the group's first sample is admitted and shared by all its samples (never copied); it is dropped when
+the last one finishes (under a KV budget: as soon as none of them runs). Memory is accounted per open group
+(prompt, once) plus per running sample (generated tokens).
 """
 
 from __future__ import annotations

@@ -59,6 +59,13 @@ class Scheduler:
         self.running: list[Sample] = []
         self.kv_tokens = 0
         self._group_running = [0] * len(groups)
+        self._group_unfinished = [g.size for g in groups]
+        self._group_open = [False] * len(groups)  # admitted once and not all finished: its prompt KV is held
+        self._open_groups = 0
+        # Slots bound the batch, not memory: a started group keeps its prompt KV until its last sample ends, so it
+        # is prefilled once however the plan spreads its samples. Under a KV budget memory comes first: an idle
+        # group's prompt is dropped and rebuilt when its next sample enters (counted in prefill_passes).
+        self._retain_idle_prompts = not isinstance(capacity, KVBudget)
         self._finished = 0
         self.stats = SchedulerStats()
         self._plan()
@@ -99,13 +106,29 @@ class Scheduler:
         order = np.argsort(-rem, kind="stable")
         at = rem[order]  # candidate peak times, latest first
         sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
+        # a prompt is held until its group's last running sample ends (or, when idle prompts are retained, beyond
+        # the horizon while some of the group's samples still wait)
         group_end: dict[int, float] = {}
+        if self._retain_idle_prompts:
+            group_end = {g: np.inf for g, is_open in enumerate(self._group_open)
+                         if is_open and self._group_unfinished[g] > self._group_running[g]}
         for s, r in zip(members, rem.tolist()):
-            group_end[s.group] = max(group_end.get(s.group, 0.0), r)
+            waiting_after = self._group_unfinished[s.group] - self._group_running[s.group] - (s is extra)
+            held_on = self._retain_idle_prompts and waiting_after > 0
+            group_end[s.group] = np.inf if held_on else max(group_end.get(s.group, 0.0), r)
         ends = np.array(sorted(group_end.values(), reverse=True))
         prompts = np.cumsum([self.groups[g].prompt_len for g in sorted(group_end, key=group_end.get, reverse=True)])
         held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
         return int(np.max(sample_tokens + prompts[held - 1]))
+
+    def holders(self, extra: Sample | None = None) -> int:
+        """KV holders: running samples and open groups (each may waste part of its last KV block)."""
+        new_group = extra is not None and not self._group_open[extra.group]
+        return len(self.running) + (extra is not None) + self._open_groups + new_group
+
+    def holds_prompt(self, group: int) -> bool:
+        """Whether ``group``'s prompt KV is held now (engines free it when this turns False)."""
+        return self._group_open[group]
 
     # --- the loop -----------------------------------------------------------------------------------------------
     @property
@@ -118,8 +141,10 @@ class Scheduler:
         while (s := self.policy.select(fits)) is not None:
             if s.state is not SampleState.WAITING:
                 raise RuntimeError(f"policy {self.policy.name!r} admitted sample {s.key} in state {s.state.value}")
-            if self._group_running[s.group] == 0:
-                self.stats.prefill_passes += 1  # the group's prompt KV is (re)built once for all its samples
+            if not self._group_open[s.group]:
+                self._group_open[s.group] = True
+                self._open_groups += 1
+                self.stats.prefill_passes += 1  # the group's prompt KV is built once for all its samples
                 self.kv_tokens += s.prompt_len
             if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
                 self.stats.recompute_tokens += s.generated
@@ -170,6 +195,7 @@ class Scheduler:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
             for s in finished:
+                self._group_unfinished[s.group] -= 1
                 self._release(s)
                 s.state, s.finished_at = SampleState.FINISHED, self.stats.decode_steps
                 self._finished += 1
@@ -178,9 +204,14 @@ class Scheduler:
                 self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
 
     def _release(self, s: Sample) -> None:
+        """``s`` leaves the running set (finished or preempted); its group's prompt goes when the group closes."""
         self.kv_tokens -= s.generated
-        self._group_running[s.group] -= 1
-        if self._group_running[s.group] == 0:
+        g = s.group
+        self._group_running[g] -= 1
+        idle = self._group_running[g] == 0 and not self._retain_idle_prompts
+        if self._group_open[g] and (self._group_unfinished[g] == 0 or idle):
+            self._group_open[g] = False
+            self._open_groups -= 1
             self.kv_tokens -= s.prompt_len
 
     def _record_peaks(self) -> None:

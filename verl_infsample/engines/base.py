@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from ..core.sample import Sample
@@ -10,29 +12,58 @@ from ..core.scheduler import Scheduler
 
 class Engine(Protocol):
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
-        """Make admitted samples ready to decode (build a group's prompt KV the first time one of its samples enters)."""
-
-    def evict(self, sched: Scheduler, preempted: list[Sample]) -> None:
-        """Drop the KV of preempted samples (their tokens are kept; the KV is rebuilt when they are readmitted)."""
+        """Make admitted samples ready to decode (build a group's prompt KV the first time one of its samples enters,
+        rebuild a preempted sample's KV)."""
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         """Decode; return the samples that finished and how many decode steps ran (a real engine runs one)."""
 
+    def release(self, sched: Scheduler, samples: list[Sample]) -> None:
+        """Free what retired or preempted samples held (and a group's prompt KV once the scheduler no longer holds it)."""
 
-def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler], None] | None = None) -> Scheduler:
+
+@dataclass
+class LoopTiming:
+    """Where the wall time went: the scheduler's bookkeeping vs the engine's work."""
+
+    scheduler_s: float = 0.0
+    engine_s: float = 0.0
+    steps: int = 0
+
+    @property
+    def scheduler_share(self) -> float:
+        total = self.scheduler_s + self.engine_s
+        return self.scheduler_s / total if total else 0.0
+
+
+def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler], None] | None = None) -> LoopTiming:
     """plan (done by the Scheduler) -> admit -> step -> retire -> refill, until every sample has finished.
 
     Any exception inside a step propagates: a rollout never returns partial groups.
     """
+    timing = LoopTiming()
+    clock = time.perf_counter
     while not sched.done:
+        t0 = clock()
         admitted = sched.admit()
+        t1 = clock()
         if admitted:
             engine.prefill(sched, admitted)
+        t2 = clock()
         preempted = sched.make_room()
+        t3 = clock()
         if preempted:
-            engine.evict(sched, preempted)
+            engine.release(sched, preempted)
         finished, steps = engine.step(sched)
+        t4 = clock()
         sched.step_done(finished, steps)
+        t5 = clock()
+        if finished:
+            engine.release(sched, finished)
+        t6 = clock()
+        timing.scheduler_s += (t1 - t0) + (t3 - t2) + (t5 - t4)
+        timing.engine_s += (t2 - t1) + (t4 - t3) + (t6 - t5)
+        timing.steps += steps
         if on_step is not None:
             on_step(sched)
-    return sched
+    return timing

@@ -33,7 +33,7 @@ class SimulatedEngine:
         if recompute:
             sched.charge_recompute(-(-recompute // self.prefill_chunk))
 
-    def evict(self, sched: Scheduler, preempted: list[Sample]) -> None:
+    def release(self, sched: Scheduler, samples: list[Sample]) -> None:
         pass
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:

@@ -1,0 +1,154 @@
+"""``infsample bench-engine``: the policies on the real engine, next to what a user would do without us.
+
+One run, same model, prompts and sampling for every row: our policies on ``TransformersEngine`` (``full`` first, as
+the reference every other policy's tokens are compared against; ``oracle`` gets the true lengths ``full`` found), then
+``hf-full`` (``generate`` with ``num_return_sequences=G``) and ``hf-micro`` (G/M sequential ``generate`` calls of M).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+from .cli import format_table
+from .core.capacity import KVBudget, SlotPool
+from .core.policies import POLICIES
+from .core.predictor import make_predictor
+from .core.sample import Group
+
+HF_POLICIES = ("hf-full", "hf-micro")
+
+
+@dataclass
+class EngineBenchRow:
+    policy: str
+    decode_steps: int
+    peak_kv_bytes: int
+    wall_s: float
+    tokens_per_s: float
+    total_tokens: int
+    identical_to_full: bool
+    sched_overhead: float | None  # share of wall time in the scheduler's bookkeeping (None for hf-*)
+    prefill_passes: int | None
+    preemptions: int | None
+
+
+def add_bench_engine_parser(sub) -> None:
+    p = sub.add_parser("bench-engine", help="run the policies on the real (transformers) engine and compare")
+    p.add_argument("--model", help="HF checkpoint folder (default: the project's tiny model, built on first use)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=64, help="G")
+    p.add_argument("--slots", type=int, default=8, help="M")
+    p.add_argument("--kv-budget", type=int, help="run our policies under a KV budget (tokens) instead of M slots")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--policy", action="append", help="policies (repeat or comma-separate; default: all ours + hf-*)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--predictor", default="history", choices=("history", "none"),
+                   help="length predictor of lpt/infinite; history is warmed by one earlier rollout at another seed, "
+                        "as in GRPO's next epoch (default: history)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, the same for every row (default 1: a tiny model on CPU runs fastest on one)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", help="PNG of KV bytes in use over decode steps, per policy")
+    p.set_defaults(func=cmd_bench_engine)
+
+
+def cmd_bench_engine(args) -> int:
+    names = [n.strip() for item in (args.policy or [",".join([*POLICIES, *HF_POLICIES])])
+             for n in item.split(",") if n.strip()]
+    for n in names:
+        if n not in POLICIES and n not in HF_POLICIES:
+            raise ValueError(f"unknown --policy {n!r}; choose from: {', '.join([*POLICIES, *HF_POLICIES])}")
+    if args.slots < 1:
+        raise ValueError(f"--slots (M) must be >= 1, got {args.slots}")
+    rows, timelines = run_engine_bench(
+        model_dir=args.model, prompts=args.prompts, group_size=args.group_size, slots=args.slots,
+        kv_budget=args.kv_budget, max_new_tokens=args.max_new_tokens, policies=names, seed=args.seed,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, threads=args.threads,
+        predictor=args.predictor)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(format_table([asdict(r) for r in rows], list(EngineBenchRow.__dataclass_fields__)))
+    if args.plot:
+        from .plots import plot_kv_timelines
+
+        plot_kv_timelines(timelines, args.plot, unit="KV bytes in use",
+                          title=f"{args.prompts} prompt(s) x G={args.group_size}, M={args.slots}, "
+                                f"{args.max_new_tokens} new tokens")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
+                     policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
+                     top_p=1.0, top_k=-1, threads=None, predictor="history"):
+    import copy
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from .engines.hf_baseline import hf_generate
+    from .engines.sampling import SamplingParams
+    from .engines.transformers_engine import TransformersEngine
+    from .models.tiny import default_prompts, tiny_model_path
+
+    if threads:
+        torch.set_num_threads(threads)
+    model_dir = str(model_dir or tiny_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = default_prompts(prompts, seed=10_000 + seed)
+    prompt_ids = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False) for t in texts]
+    stop = tuple(sorted({tokenizer.eos_token_id, *([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None
+                                                     else [])}))
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                            stop_token_ids=stop, seed=seed)
+    engine = TransformersEngine.from_pretrained(model_dir)
+    capacity = KVBudget(kv_budget) if kv_budget else SlotPool(slots)
+    ours = [p for p in policies if p in POLICIES]
+    warm = make_predictor(predictor, max_len=max_new_tokens)
+    if predictor == "history":  # an earlier epoch over the same prompts: other seed, so no leak of this run's lengths
+        earlier = SamplingParams(**{**params.__dict__, "seed": seed + 1_000_003})
+        run = engine.rollout(prompt_ids, group_size, earlier, policy="continuous", capacity=capacity)
+        for i, outs in enumerate(run.outputs):  # the engine names prompts "0", "1", ... by default
+            for out in outs:
+                warm.observe(Group(str(i), len(prompt_ids[i]), group_size), None, len(out.token_ids))
+    order = ["full"] + [p for p in ours if p != "full"]  # full always runs first: the reference tokens
+    rows, timelines, reference, true_lengths = [], {}, None, None
+    for name in _progress(order, "bench-engine"):
+        cap = SlotPool(group_size) if name == "full" else capacity
+        res = engine.rollout(prompt_ids, group_size, params, policy=name, capacity=cap, predictor=copy.deepcopy(warm),
+                             true_lengths=true_lengths if name == "oracle" else None)
+        tokens = [[o.token_ids for o in g] for g in res.outputs]
+        if name == "full":
+            reference = tokens
+            true_lengths = [[len(t) for t in g] for g in tokens]
+            if "full" not in ours:
+                continue  # run only as the reference
+        rows.append(EngineBenchRow(
+            policy=name, decode_steps=res.stats.decode_steps, peak_kv_bytes=res.kv.peak_in_use_bytes,
+            wall_s=round(res.wall_s, 3), tokens_per_s=round(res.total_tokens / res.wall_s, 1),
+            total_tokens=res.total_tokens, identical_to_full=tokens == reference,
+            sched_overhead=round(res.timing.scheduler_share, 4), prefill_passes=res.stats.prefill_passes,
+            preemptions=res.stats.preemptions))
+        timelines[name] = list(res.kv.timeline)
+    for name in [p for p in policies if p in HF_POLICIES]:
+        run = hf_generate(engine.model, prompt_ids, group_size, params, micro=None if name == "hf-full" else slots,
+                          pad_token_id=tokenizer.pad_token_id or 0)
+        rows.append(EngineBenchRow(
+            policy=name, decode_steps=run.decode_steps, peak_kv_bytes=run.peak_kv_bytes, wall_s=round(run.wall_s, 3),
+            tokens_per_s=round(run.total_tokens / run.wall_s, 1), total_tokens=run.total_tokens,
+            identical_to_full=run.outputs == reference, sched_overhead=None, prefill_passes=None, preemptions=None))
+        timelines[name] = run.kv_timeline
+    return rows, timelines
+
+
+def _progress(items, desc):
+    from .cli import _progress as progress
+
+    return progress(items, desc)

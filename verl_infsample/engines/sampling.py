@@ -1,0 +1,75 @@
+"""Sampling that does not depend on the schedule.
+
+Each sample draws from its own random stream, keyed by (seed, prompt id, sample index), and picks its token by the
+Gumbel-max trick: argmax over the vocabulary of log p + Gumbel noise, one noise value per vocabulary entry per
+token, all in float64 on its own row. So the same seed gives the same tokens whatever the policy, slot count or
+batch composition; with temperature 0 it is greedy argmax, as HF does.
+
+Why Gumbel-max and not inverse-CDF sampling: a different batch composition perturbs logits in the last bits
+(matmul blocking, padding). Inverse CDF flips a token when the uniform lands within that perturbation of a
+cumulative boundary, which for low-probability tokens happens about once per thousand tokens; Gumbel-max flips only
+when the two best perturbed scores are within it, about once per million.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+    logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def sample_stream(seed: int, prompt_id: str, index: int) -> np.random.Generator:
+    """The random stream of one sample: independent of every other sample and of the order they are decoded in."""
+    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8).digest()
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, int.from_bytes(digest, "little"), index])))
+
+
+def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
+    """One token from one row of logits, and its log-prob under the temperature-scaled distribution."""
+    logits = logits.astype(np.float64)
+    if params.temperature == 0:
+        token = int(np.argmax(logits))
+        return token, float(_log_softmax(logits)[token])
+    scaled = logits / params.temperature
+    logp = _log_softmax(scaled)
+    keep = np.ones_like(logp, dtype=bool)
+    if params.top_k > 0 and params.top_k < len(logp):
+        kth = np.partition(logp, -params.top_k)[-params.top_k]
+        keep &= logp >= kth
+    if params.top_p < 1.0:
+        order = np.argsort(-logp, kind="stable")
+        probs = np.exp(logp[order])
+        cut = np.searchsorted(np.cumsum(probs), params.top_p) + 1  # smallest prefix with mass >= top_p
+        nucleus = np.zeros_like(keep)
+        nucleus[order[:cut]] = True
+        keep &= nucleus
+    scores = np.where(keep, logp + rng.gumbel(size=logp.shape), -np.inf)  # the stream advances by one vocab per token
+    token = int(np.argmax(scores))
+    return token, float(logp[token])
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max()
+    return shifted - np.log(np.exp(shifted).sum())

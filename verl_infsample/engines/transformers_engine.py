@@ -1,0 +1,225 @@
+"""``TransformersEngine``: Infinite Sampling on real model code (transformers), CPU or CUDA.
+
+Step-level batched decoding over the running set the scheduler hands it:
+
+* a group's prompt is prefilled once; its KV blocks are shared by every sample of the group until the last ends;
+* a sample's first token is drawn from the group's cached last-prompt logits (no forward pass);
+* each step feeds every running sample its last token in one batched forward pass, rows padded only to this
+  step's longest context; a finished sample frees its blocks and the scheduler refills the slot at once;
+* attention runs through the model's own attention code (sdpa/eager) over a paged KV store (``kv_blocks``), passed
+  as a duck-typed ``Cache``: no model code is rewritten.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.policies import make_policy
+from ..core.predictor import LengthPredictor, make_predictor
+from ..core.sample import Group, Sample
+from ..core.scheduler import Scheduler, SchedulerStats
+from .base import LoopTiming, run_rollout
+from .kv_blocks import BlockPool, KVStats, PagedContext
+from .sampling import SamplingParams, sample_stream, sample_token
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop/eos token, included) or "length"
+    preemptions: int = 0
+
+
+@dataclass
+class EngineRollout:
+    outputs: list[list[SampleOutput]]  # per prompt, its n samples in index order
+    stats: SchedulerStats
+    kv: KVStats
+    timing: LoopTiming
+    wall_s: float
+    policy: str
+    plan: dict = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(o.token_ids) for group in self.outputs for o in group)
+
+
+class TransformersEngine:
+    def __init__(self, model, *, block_size: int = 16, kv_dtype: torch.dtype | None = None):
+        cfg = model.config
+        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
+            raise NotImplementedError("TransformersEngine supports full-attention decoders only (no sliding window)")
+        if cfg._attn_implementation not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, kv_dtype or self.dtype,
+                              self.device, block_size)
+        self.forward_passes = 0
+        self._reset_batch()
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                        block_size: int = 16) -> "TransformersEngine":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+        return cls(model, block_size=block_size)
+
+    # --- the whole rollout ----------------------------------------------------------------------------------------
+    def rollout(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
+                policy: str = "infinite", capacity: Capacity | None = None, predictor: str | LengthPredictor = "none",
+                prompt_ids: Sequence[str] | None = None, true_lengths: list[list[int]] | None = None,
+                fptas_eps: float = 0.02, on_step: Callable[[Scheduler], None] | None = None) -> EngineRollout:
+        """Decode ``n`` samples of every prompt under ``policy``; returns every sample, in order, or raises."""
+        sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
+        if len(sizes) != len(prompts):
+            raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
+        prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
+            if len(p) + params.max_new_tokens > self.max_positions:
+                raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens="
+                                 f"{params.max_new_tokens} it exceeds the model's context of {self.max_positions} "
+                                 "(max_position_embeddings); shorten the prompt or lower max_new_tokens")
+        capacity = capacity or SlotPool(max(sizes))
+        if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget
+            capacity = KVBudget(capacity.tokens, block_size=self.pool.block_size)
+        slots = capacity.slots if isinstance(capacity, SlotPool) else None
+        pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
+        spec = pol.forced_predictor or predictor
+        pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
+        groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
+        t0 = time.perf_counter()
+        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths)
+        self._reset_batch()
+        self._params = params
+        self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+        for s in sched.samples:
+            s.payload.update(tokens=[], logprobs=[], blocks=[], rng=sample_stream(params.seed, groups[s.group].prompt_id,
+                                                                                   s.index))
+        try:
+            timing = run_rollout(self, sched, on_step=on_step)
+        finally:
+            self._free_all(sched)
+        wall = time.perf_counter() - t0
+        outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
+                    for s in group] for group in sched.results()]
+        return EngineRollout(outputs, sched.stats, self.pool.stats, timing, wall, policy, pol.plan_info)
+
+    # --- the engine protocol ---------------------------------------------------------------------------------------
+    def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
+        for s in admitted:
+            if s.group not in self._prompt_kv:
+                self._prefill_prompt(s.group)
+            if len(s.payload["tokens"]) > 1:  # readmitted after preemption: rebuild the KV of its fed tokens
+                fed = s.payload["tokens"][:-1]
+                self._ensure_blocks(s, len(fed))
+                context = self._context(s, len(fed))
+                positions = torch.arange(len(fed)) + len(self._prompts[s.group])
+                self._forward(torch.tensor([fed]), positions[None], [context], q_len=len(fed))
+
+    def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
+        running = sched.running
+        logits: dict[int, np.ndarray] = {}
+        feeding = [s for s in running if s.payload["tokens"]]
+        if feeding:
+            contexts, last, positions = [], [], []
+            for s in feeding:
+                fed = len(s.payload["tokens"])  # after this pass, every token but none new is in the KV
+                self._ensure_blocks(s, fed)
+                contexts.append(self._context(s, fed))
+                last.append(s.payload["tokens"][-1])
+                positions.append(len(self._prompts[s.group]) + fed - 1)
+            out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts, q_len=1)
+            for s, row in zip(feeding, out.numpy()):
+                logits[s.uid] = row
+        finished = []
+        params = self._params
+        for s in running:
+            row = logits[s.uid] if s.uid in logits else self._prompt_logits[s.group]
+            token, logprob = sample_token(row, params, s.payload["rng"])
+            s.payload["tokens"].append(token)
+            s.payload["logprobs"].append(logprob)
+            if token in params.stop_token_ids:
+                s.payload["finish"] = "stop"
+            elif len(s.payload["tokens"]) >= params.max_new_tokens:
+                s.payload["finish"] = "length"
+            else:
+                continue
+            finished.append(s)
+        self.pool.record(sched.stats.decode_steps + 1)
+        return finished, 1
+
+    def release(self, sched: Scheduler, samples: list[Sample]) -> None:
+        for s in samples:
+            self.pool.free(s.payload["blocks"])
+            s.payload["blocks"] = []
+            self._slots.pop(s.uid, None)
+            if not sched.holds_prompt(s.group) and s.group in self._prompt_kv:
+                self.pool.free(self._prompt_kv.pop(s.group))
+                self._prompt_slots.pop(s.group)
+                self._prompt_logits.pop(s.group)
+        self.pool.record(sched.stats.decode_steps)
+
+    # --- internals -------------------------------------------------------------------------------------------------
+    def _reset_batch(self) -> None:
+        self._prompt_kv: dict[int, list[int]] = {}
+        self._prompt_slots: dict[int, torch.Tensor] = {}
+        self._prompt_logits: dict[int, np.ndarray] = {}
+        self._slots: dict[int, torch.Tensor] = {}
+        self.pool.stats = KVStats(self.pool.stats.bytes_per_token, pool_bytes=self.pool.stats.pool_bytes)
+
+    def _free_all(self, sched: Scheduler) -> None:
+        for s in sched.samples:
+            if s.payload.get("blocks"):
+                self.pool.free(s.payload["blocks"])
+                s.payload["blocks"] = []
+        for blocks in self._prompt_kv.values():
+            self.pool.free(blocks)
+        self._prompt_kv.clear()
+        self._prompt_slots.clear()
+        self._prompt_logits.clear()
+        self._slots.clear()
+
+    def _prefill_prompt(self, group: int) -> None:
+        tokens = self._prompts[group]
+        blocks = self.pool.allocate(self.pool.blocks_for(len(tokens)))
+        self._prompt_kv[group] = blocks
+        self._prompt_slots[group] = self.pool.slots(blocks, len(tokens))
+        out = self._forward(tokens[None], torch.arange(len(tokens))[None], [self._prompt_slots[group]],
+                            q_len=len(tokens))
+        self._prompt_logits[group] = out[0].numpy()
+
+    def _ensure_blocks(self, s: Sample, fed: int) -> None:
+        """Own blocks for ``fed`` tokens of ``s``; a new block only when the last one is full."""
+        blocks = s.payload["blocks"]
+        missing = self.pool.blocks_for(fed) - len(blocks)
+        if missing > 0:
+            blocks.extend(self.pool.allocate(missing))
+            self._slots[s.uid] = self.pool.slots(blocks, len(blocks) * self.pool.block_size)
+
+    def _context(self, s: Sample, fed: int) -> torch.Tensor:
+        return torch.cat([self._prompt_slots[s.group], self._slots[s.uid][:fed]])
+
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, contexts: list[torch.Tensor],
+                 q_len: int) -> torch.Tensor:
+        """One forward pass; returns float32 logits of each row's last position, on CPU."""
+        ctx = PagedContext(self.pool, contexts, q_len, self.dtype)
+        out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device), past_key_values=ctx,
+                         attention_mask={"full_attention": ctx.mask}, use_cache=False, logits_to_keep=1)
+        self.forward_passes += 1
+        return out.logits[:, -1].float().cpu()
