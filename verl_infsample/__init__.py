@@ -1,1 +1,56 @@
-"""verl-infsample."""
+"""verl-infsample: Infinite Sampling for verl. GRPO's group size, decoupled from GPU memory.
+
+``register()`` puts the rollout backend ``infinite`` into verl's registries; verl calls it through the
+``verl.plugins`` entry point, and user code may call it too (it is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+
+__version__ = "0.1.0"
+__all__ = ["register", "__version__"]
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def register() -> None:
+    """Register ``rollout.name=infinite`` with verl (worker-side rollout class, driver-side replica class) and
+    check ``actor_rollout_ref.rollout.custom.*`` when verl validates its config, before Ray starts."""
+    global _registered
+    if _registered:
+        return
+    from verl.utils import config as verl_config
+    from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    base._ROLLOUT_REGISTRY[("infinite", "async")] = "verl_infsample.verl_rollout.adapter.InfiniteRolloutAdapter"
+
+    def load_replica():
+        from .verl_rollout.replica import InfiniteReplica
+
+        return InfiniteReplica
+
+    RolloutReplicaRegistry.register("infinite", load_replica)
+    if not getattr(verl_config.validate_config, "_infsample", False):
+        verl_config.validate_config = _validating(verl_config.validate_config)
+    _registered = True
+    logger.info("verl-infsample %s registered rollout backend 'infinite'", __version__)
+
+
+def _validating(validate_config):
+    """Ours for rollout.name=infinite, then verl's validate_config: a bad custom key fails before Ray starts."""
+
+    def validate(config, *args, **kwargs):
+        rollout = config.actor_rollout_ref.rollout
+        if rollout.get("name") == "infinite":
+            from .settings import settings_from_rollout
+
+            settings_from_rollout(rollout)
+        return validate_config(config, *args, **kwargs)
+
+    validate._infsample = True
+    validate.__wrapped__ = validate_config
+    validate.__doc__ = validate_config.__doc__
+    return validate

@@ -81,8 +81,13 @@ class TransformersEngine:
     def rollout(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
                 policy: str = "infinite", capacity: Capacity | None = None, predictor: str | LengthPredictor = "none",
                 prompt_ids: Sequence[str] | None = None, true_lengths: list[list[int]] | None = None,
-                fptas_eps: float = 0.02, on_step: Callable[[Scheduler], None] | None = None) -> EngineRollout:
-        """Decode ``n`` samples of every prompt under ``policy``; returns every sample, in order, or raises."""
+                stream_indices: Sequence[Sequence[int]] | None = None, fptas_eps: float = 0.02,
+                on_step: Callable[[Scheduler], None] | None = None) -> EngineRollout:
+        """Decode ``n`` samples of every prompt under ``policy``; returns every sample, in order, or raises.
+
+        A sample's random stream is keyed by (params.seed, its prompt id, its index in the group), or by
+        ``stream_indices[group][index]`` when given (a server decoding part of a group: samples 20..31 of 32).
+        """
         sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
         if len(sizes) != len(prompts):
             raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
@@ -108,8 +113,9 @@ class TransformersEngine:
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
         for s in sched.samples:
-            s.payload.update(tokens=[], logprobs=[], blocks=[], rng=sample_stream(params.seed, groups[s.group].prompt_id,
-                                                                                   s.index))
+            key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
+            s.payload.update(tokens=[], logprobs=[], blocks=[],
+                             rng=sample_stream(params.seed, groups[s.group].prompt_id, key))
         try:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:

@@ -1,0 +1,111 @@
+"""The `infinite` backend through verl's real parts: the entry point, Hydra config, Ray, LLMServerManager and its
+client sending requests to our replica's server actor."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+
+
+def test_entry_point_registers_without_any_import_of_ours():
+    code = ("import verl; from verl.workers.rollout.base import get_rollout_class; "
+            "from verl.workers.rollout.replica import get_rollout_replica_class; "
+            "print(get_rollout_class('infinite').__name__, get_rollout_replica_class('infinite').__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["InfiniteRolloutAdapter", "InfiniteReplica"]
+
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return hydra_compose(config_name="infinite_grpo", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+actor_rollout_ref.rollout.custom.slot=8", "actor_rollout_ref.rollout.custom.slot: unknown key"),
+    ("actor_rollout_ref.rollout.custom.policy=fastest", "custom.policy='fastest': unknown policy"),
+    ("actor_rollout_ref.rollout.custom.kv_budget=100", "custom.kv_budget=100: too small for one prompt plus one"),
+    ("actor_rollout_ref.rollout.custom.slots=0", "custom.slots=0: must be an integer >= 1"),
+])
+def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message):
+    import verl.utils.config as verl_config
+
+    cfg = compose("actor_rollout_ref.rollout.custom.slots=null" if "kv_budget" in override else "trainer.n_gpus_per_node=1",
+                  override)
+    assert getattr(verl_config.validate_config, "_infsample", False)  # the plugin's check rides on verl's
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        from verl_infsample.settings import settings_from_rollout
+
+        settings_from_rollout(cfg.actor_rollout_ref.rollout)
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={CONFIGS}", "--config-name=infinite_grpo",
+         "+actor_rollout_ref.rollout.custom.slotz=8", "trainer.n_gpus_per_node=1"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert proc.returncode != 0
+    assert "actor_rollout_ref.rollout.custom.slotz: unknown key" in proc.stderr
+    assert "ray init kwargs" not in proc.stdout  # it never reached ray.init
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()
+
+
+async def _serve_and_generate(cfg, prompts, n, *, session_ids: bool):
+    import ray
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    mgr = await LLMServerManager.create(config=cfg, worker_group=None)
+    try:
+        client = mgr.get_client()
+        params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=True)
+        calls = [client.generate(request_id=f"p{p}-s{i}", prompt_ids=prompt, sampling_params=dict(params),
+                                 **({"session_id": i} if session_ids else {}))
+                 for p, prompt in enumerate(prompts) for i in range(n)]
+        outs = await asyncio.gather(*calls)
+        metrics = ray.get(mgr.get_replicas()[0].servers[0].get_metrics.remote())
+    finally:
+        for replica in mgr.get_replicas():
+            for server in replica.servers:
+                ray.kill(server)
+    return [outs[p * n:(p + 1) * n] for p in range(len(prompts))], metrics
+
+
+@pytest.mark.timeout(600)
+def test_n32_through_verls_client_identical_at_two_slot_counts(ray_local, tiny_model_dir, tiny_prompts):
+    prompts, _ = tiny_prompts
+    prompts = prompts[:3]
+    results = {}
+    for slots in (4, 24):
+        cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=48",
+                      "actor_rollout_ref.rollout.prompt_length=64", f"actor_rollout_ref.rollout.custom.slots={slots}",
+                      "actor_rollout_ref.rollout.custom.threads=1")
+        groups, metrics = asyncio.run(_serve_and_generate(cfg, prompts, 32, session_ids=True))
+        assert [len(g) for g in groups] == [32, 32, 32]  # every request, exactly one TokenOutput
+        for g in groups:
+            for out in g:
+                assert out.stop_reason == "completed" and 1 <= len(out.token_ids) <= 48
+                assert len(out.log_probs) == len(out.token_ids)
+        assert metrics["infsample/samples"] == 96
+        results[slots] = [[o.token_ids for o in g] for g in groups]
+    assert results[4] == results[24]
+    assert any(len({tuple(t) for t in g}) > 1 for g in results[4])  # 32 real samples, not copies

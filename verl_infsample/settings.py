@@ -1,0 +1,92 @@
+"""``actor_rollout_ref.rollout.custom.*``: the plugin's settings, validated once, with errors that name the key.
+
+Pure Python: checked on the driver before Ray starts (see ``plugin``) and again where the server is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .core.policies import POLICIES
+from .core.predictor import make_predictor
+
+PREFIX = "actor_rollout_ref.rollout.custom"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class InfiniteRolloutSettings:
+    policy: str = "infinite"  # full | naive | continuous | lpt | infinite (oracle needs true lengths: not here)
+    slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
+    kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
+    predictor: str = "history"  # none | history
+    fptas_eps: float = 0.02
+    block_size: int = 16  # tokens per KV block of the paged store
+    dtype: str = "float32"  # model dtype on the server
+    batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch
+    threads: int | None = None  # torch threads in the server (None: torch's default)
+
+    @classmethod
+    def from_custom(cls, custom: Mapping[str, Any] | None, *, prompt_length: int | None = None,
+                    response_length: int | None = None) -> "InfiniteRolloutSettings":
+        custom = dict(custom or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(custom) - known)
+        if unknown:
+            raise SettingsError(f"{PREFIX}.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+        s = cls(**custom)
+        s._check(prompt_length, response_length)
+        return s
+
+    def _check(self, prompt_length: int | None, response_length: int | None) -> None:
+        def bad(key: str, why: str) -> SettingsError:
+            return SettingsError(f"{PREFIX}.{key}={getattr(self, key)!r}: {why}")
+
+        if self.policy not in POLICIES or self.policy == "oracle":
+            raise bad("policy", f"unknown policy; choose one of: {', '.join(p for p in POLICIES if p != 'oracle')}")
+        if self.slots is not None and self.kv_budget is not None:
+            raise bad("slots", "set either slots or kv_budget, not both")
+        if self.slots is not None and (not isinstance(self.slots, int) or self.slots < 1):
+            raise bad("slots", "must be an integer >= 1 (samples decoded at once)")
+        if self.kv_budget is not None:
+            if not isinstance(self.kv_budget, int) or self.kv_budget < 1:
+                raise bad("kv_budget", "must be an integer number of tokens >= 1")
+            if prompt_length is not None and response_length is not None:
+                need = prompt_length + response_length + 2 * (self.block_size - 1)
+                if self.kv_budget < need:
+                    raise bad("kv_budget", f"too small for one prompt plus one response: rollout.prompt_length "
+                                           f"({prompt_length}) + rollout.response_length ({response_length}) + block "
+                                           f"slack needs {need}; raise it or shorten the lengths")
+        try:
+            make_predictor(self.predictor, max_len=max(1, response_length or 1))
+        except ValueError as e:
+            raise bad("predictor", str(e)) from None
+        if self.predictor.startswith(("oracle", "noisy")):
+            raise bad("predictor", "needs true lengths, which a live rollout does not have; use history or none")
+        if not 0 < self.fptas_eps < 1:
+            raise bad("fptas_eps", "must be in (0, 1)")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise bad("block_size", "must be an integer >= 1")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"choose one of: {', '.join(DTYPES)}")
+        if self.batch_window_ms < 0:
+            raise bad("batch_window_ms", "must be >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise bad("threads", "must be >= 1")
+
+
+def settings_from_rollout(rollout) -> InfiniteRolloutSettings:
+    """From verl's rollout config (a DictConfig or ``RolloutConfig``)."""
+    custom = rollout.get("custom") if hasattr(rollout, "get") else getattr(rollout, "custom", None)
+    if custom is not None and type(custom).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        custom = OmegaConf.to_container(custom, resolve=True)
+    get = (lambda k: rollout.get(k)) if hasattr(rollout, "get") else (lambda k: getattr(rollout, k, None))
+    return InfiniteRolloutSettings.from_custom(custom, prompt_length=get("prompt_length"),
+                                               response_length=get("response_length"))

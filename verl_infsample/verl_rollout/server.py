@@ -1,0 +1,249 @@
+"""``InfiniteServer``: the Ray actor verl's agent loop sends requests to.
+
+verl's agent loop sends a prompt's n samples as n separate ``generate`` calls. The server collects the requests
+that arrive within a short window, recognises a group by its prompt tokens (one prompt KV for all its samples),
+and plans the whole batch with the Infinite Sampling scheduler on ``TransformersEngine``. Every request gets exactly
+one ``TokenOutput``; if the rollout fails, every request of the batch fails with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    logprobs: bool
+    max_tokens: int
+    session_id: int | None
+    future: asyncio.Future = field(repr=False)
+
+    @property
+    def group_key(self) -> tuple:
+        return (tuple(self.prompt_ids), self.temperature, self.top_p, self.top_k, self.max_tokens)
+
+
+class InfiniteServer:
+    def __init__(self, config, model_config, replica_rank: int = 0, **_):
+        import torch
+
+        from ..engines.transformers_engine import TransformersEngine
+        from ..settings import settings_from_rollout
+
+        self.rollout = config
+        self.settings = settings_from_rollout(config)
+        if self.settings.threads:
+            torch.set_num_threads(self.settings.threads)
+        path = model_config["path"] if hasattr(model_config, "__getitem__") else model_config.path
+        self.engine = TransformersEngine.from_pretrained(path, dtype=getattr(torch, self.settings.dtype),
+                                                         block_size=self.settings.block_size)
+        self.stop_ids = _stop_token_ids(path)
+        self.replica_rank = replica_rank
+        self.seed = int(_get(config, "seed", 0) or 0)
+        self.prompt_length = int(_get(config, "prompt_length", 512))
+        self.response_length = int(_get(config, "response_length", 512))
+        self.global_steps: int | None = None
+        self._pending: list[_Request] = []
+        self._issued: dict[tuple, int] = {}  # sample indices handed out per group this step
+        self._worker: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+        self.last_rollout_metrics: dict = {}
+        self._predictor = None  # history learns across steps
+        logger.info("InfiniteServer %d ready: %s on %s", replica_rank, path, self.settings)
+
+    # --- the request path ----------------------------------------------------------------------------------------
+    async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None,
+                       audio_data=None, mm_processor_kwargs=None, priority=0, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
+        prompt_ids = list(prompt_ids)
+        budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
+        if sampling_params.get("max_tokens") is not None:
+            budget = min(budget, int(sampling_params["max_tokens"]))
+        if budget < 1:
+            raise ValueError(f"request {request_id}: prompt of {len(prompt_ids)} tokens leaves no room for a response "
+                             f"(rollout.prompt_length={self.prompt_length}, response_length={self.response_length})")
+        if float(sampling_params.get("repetition_penalty", 1.0) or 1.0) != 1.0:
+            raise NotImplementedError("rollout.repetition_penalty != 1 is not supported by the infinite rollout")
+        session = kwargs.get("session_id")
+        req = _Request(request_id=request_id, prompt_ids=prompt_ids,
+                       temperature=float(sampling_params.get("temperature", 1.0)),
+                       top_p=float(sampling_params.get("top_p", 1.0)), top_k=int(sampling_params.get("top_k", -1)),
+                       logprobs=bool(sampling_params.get("logprobs", False)), max_tokens=budget,
+                       session_id=int(session) if session is not None else None,
+                       future=asyncio.get_running_loop().create_future())
+        self._pending.append(req)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        token_ids, log_probs, preempted, stop_reason = await req.future
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs if req.logprobs else None,
+                           stop_reason=stop_reason, num_preempted=preempted,
+                           extra_fields={"global_steps": self.global_steps})
+
+    async def _drain(self) -> None:
+        """Plan and decode batches while requests keep arriving; one rollout at a time."""
+        while self._pending:
+            seen = -1
+            while len(self._pending) != seen:  # wait until the arrivals pause
+                seen = len(self._pending)
+                await asyncio.sleep(self.settings.batch_window_ms / 1000)
+            batch, self._pending = self._pending, []
+            async with self._lock:
+                try:
+                    results = await asyncio.to_thread(self._rollout, batch)
+                except BaseException as e:  # every request of the batch fails loudly, none returns partial
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                    continue
+            for r, res in zip(batch, results):
+                if not r.future.done():
+                    r.future.set_result(res)
+
+    def _rollout(self, batch: list[_Request]) -> list[tuple]:
+        from ..core.capacity import KVBudget, SlotPool
+        from ..core.predictor import make_predictor
+        from ..engines.sampling import SamplingParams
+
+        groups: dict[tuple, list[_Request]] = {}
+        for r in batch:
+            groups.setdefault(r.group_key, []).append(r)
+        results: dict[str, tuple] = {}
+        # one engine rollout per sampling setting (a batch normally has one); all groups planned together
+        by_params: dict[tuple, list[tuple]] = {}
+        for key, reqs in groups.items():
+            by_params.setdefault(key[1:], []).append(key)
+        for (temperature, top_p, top_k, max_tokens), keys in by_params.items():
+            prompts, ids, members = [], [], []
+            for key in keys:
+                reqs = groups[key]
+                prompt_key = _prompt_key(key[0])
+                indices = []
+                for r in reqs:  # the sample index keys its random stream: session id, else arrival order
+                    if r.session_id is not None:
+                        indices.append(r.session_id)
+                    else:
+                        indices.append(self._issued.get(key, 0))
+                        self._issued[key] = indices[-1] + 1
+                members.append((reqs, indices))
+                prompts.append(list(key[0]))
+                ids.append(f"{prompt_key}@{self.global_steps}")
+            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
+                                    stop_token_ids=self.stop_ids, seed=self.seed)
+            capacity = (KVBudget(self.settings.kv_budget) if self.settings.kv_budget
+                        else SlotPool(self.settings.slots or int(_get(self.rollout, "max_num_seqs", 256))))
+            if self._predictor is None:
+                self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
+            for reqs, indices in members:
+                if len(set(indices)) != len(indices):
+                    raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
+            res = self.engine.rollout(prompts, [len(ix) for _, ix in members], params, policy=self.settings.policy,
+                                      capacity=capacity, predictor=self._predictor, prompt_ids=ids,
+                                      stream_indices=[ix for _, ix in members], fptas_eps=self.settings.fptas_eps)
+            self.last_rollout_metrics = {
+                "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
+                "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
+                "infsample/samples": len(batch), "infsample/wall_s": res.wall_s}
+            for (reqs, _), outs in zip(members, res.outputs):
+                for r, o in zip(reqs, outs):
+                    results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
+        return [results[r.request_id] for r in batch]
+
+    # --- verl's lifecycle calls ----------------------------------------------------------------------------------
+    async def wake_up(self, tags=None):
+        return True
+
+    async def sleep(self):
+        return True  # the paged store holds nothing between batches: there is no KV to release
+
+    async def clear_kv_cache(self):
+        return True
+
+    async def release_kv_cache(self):
+        return True
+
+    async def resume_kv_cache(self):
+        return True
+
+    async def set_global_steps(self, global_steps):
+        self.global_steps = global_steps
+        self._issued.clear()  # a new step: sample indices start again at 0 (with a new random key)
+
+    async def abort_all_requests(self, reject_request: bool = False):
+        """Requests not yet planned return at once with stop_reason "aborted" and no tokens (as verl's vLLM server
+        does); a batch already decoding runs to its end."""
+        aborted, self._pending = self._pending, []
+        for r in aborted:
+            if not r.future.done():
+                r.future.set_result(([], None, 0, "aborted"))
+        return {"aborted_count": len(aborted), "request_ids": [r.request_id for r in aborted]}
+
+    async def resume_generation(self):
+        return True
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+    async def update_weights(self, named_tensors: dict) -> int:
+        """Load (a bucket of) new weights by HF parameter name; returns how many tensors were loaded."""
+        import torch
+
+        params = dict(self.engine.model.named_parameters())
+        loaded = 0
+        with torch.no_grad():
+            for name, tensor in named_tensors.items():
+                if name not in params:
+                    if name == "lm_head.weight" and getattr(self.engine.model.config, "tie_word_embeddings", False):
+                        continue
+                    raise KeyError(f"update_weights: the server's model has no parameter {name!r}")
+                params[name].copy_(tensor.to(params[name].dtype))
+                loaded += 1
+        return loaded
+
+    def get_metrics(self) -> dict:
+        return dict(self.last_rollout_metrics)
+
+
+def _prompt_key(prompt: tuple) -> str:
+    return hashlib.blake2b(repr(prompt).encode(), digest_size=8).hexdigest()
+
+
+def _get(cfg, key, default=None):
+    try:
+        value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    except Exception:  # noqa: BLE001 - config objects differ (DictConfig, dataclass)
+        value = default
+    return default if value is None else value
+
+
+def _stop_token_ids(path: str) -> tuple[int, ...]:
+    """eos ids from the generation config and the tokenizer (a response ends at any of them, included)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    ids: set[int] = set()
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:
+        pass
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    if not ids:
+        raise ValueError(f"{path}: no eos token in the generation config or tokenizer; responses could never stop")
+    return tuple(sorted(ids))
