@@ -109,3 +109,49 @@ def test_n32_through_verls_client_identical_at_two_slot_counts(ray_local, tiny_m
         results[slots] = [[o.token_ids for o in g] for g in groups]
     assert results[4] == results[24]
     assert any(len({tuple(t) for t in g}) > 1 for g in results[4])  # 32 real samples, not copies
+
+
+@pytest.mark.timeout(600)
+def test_weight_update_through_the_worker_adapter_changes_what_the_server_decodes(ray_local, tiny_model_dir,
+                                                                                   tiny_prompts):
+    """verl's per-step weight sync path: adapter.resume -> update_weights(generator) -> the server's next decode."""
+    import ray
+    import torch
+    from safetensors.torch import load_file
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    prompts, _ = tiny_prompts
+    cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                  "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=24",
+                  "actor_rollout_ref.rollout.prompt_length=64", "actor_rollout_ref.rollout.custom.threads=1")
+    replica = get_rollout_replica_class("infinite")(replica_rank=0, config=cfg.actor_rollout_ref.rollout,
+                                                    model_config=cfg.actor_rollout_ref.model, gpus_per_node=1)
+    asyncio.run(replica.init_standalone())
+    server = replica.servers[0]
+    adapter = get_rollout_class("infinite")(config=cfg.actor_rollout_ref.rollout,
+                                            model_config=cfg.actor_rollout_ref.model, device_mesh=None, replica_rank=0)
+    greedy = dict(temperature=0.0, top_p=1.0, top_k=-1, logprobs=False)
+
+    def decode():
+        return [ray.get(server.generate.remote(prompt_ids=p, sampling_params=greedy, request_id=f"r{i}")).token_ids
+                for i, p in enumerate(prompts[:3])]
+
+    original = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+
+    def weights(scale):
+        for name, tensor in original.items():  # what verl's FSDP workers yield: (HF name, full tensor)
+            yield name, tensor * scale if name.endswith("embed_tokens.weight") else tensor
+
+    try:
+        before = decode()
+        asyncio.run(adapter.resume(tags=["weights"]))
+        loaded = asyncio.run(adapter.update_weights(weights(-3.0), global_steps=1))
+        asyncio.run(adapter.resume(tags=["kv_cache"]))
+        assert loaded == len(original)  # every tensor landed in the server's model
+        changed = decode()
+        assert changed != before
+        asyncio.run(adapter.update_weights(weights(1.0), global_steps=2))
+        assert decode() == before  # the original weights bring the original outputs back
+    finally:
+        ray.kill(server)

@@ -1,15 +1,19 @@
 """``make demo``: the main job on the embedded default.
 
-For now (until the verl rollout lands) this is the simulator on the paper's setting: one prompt, G=32 samples,
-M=8 slots, lengths drawn like a reasoning model's, and the same batch under a KV budget equal to what 8
-worst-case slots would need. It prints the tables and writes a plot of KV memory over time.
+Until verl's trainer runs end to end on CPU (issue 5), this is:
+
+1. ``infsample bench-engine`` on the project's tiny Qwen3 checkpoint (built offline on first use): 4 prompts,
+   G=64 samples each, M=8 slots, 128 new tokens; every policy on the real engine next to HF ``generate``;
+2. the simulator on the paper's setting (1 prompt, G=32, M=8) and on a 64-prompt batch, under M slots and under a
+   KV budget equal to what M worst-case slots would need.
+
+It prints the tables and writes plots of KV memory over time to ``artifacts/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 from .cli import main as cli_main
@@ -23,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    print("== the real engine: 4 prompts x G=64, M=8 slots, 128 new tokens (tiny Qwen3, CPU)")
+    rc = cli_main(["bench-engine", "--prompts", "4", "--group-size", "64", "--slots", "8", "--max-new-tokens", "128",
+                   "--seed", str(args.seed), "--plot", str(out / "bench_engine_kv.png")])
+    if rc:
+        return rc
     max_len = 1024
     for name, prompts, group_size, slots in (("paper", 1, 32, 8), ("batch", 64, 64, 16)):
         trace = synth_trace(prompts, group_size, max_len, "lognormal", args.seed)

@@ -133,15 +133,27 @@ class InfiniteSamplingPolicy(Policy):
         self._info: dict = {}
 
     def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
+        """Groups one after another (each group in flight holds its prompt's KV, so few should be open at once),
+        longest predicted group first, samples longest first within a group. The last group forms the tail, where
+        the lanes must end together: its samples follow the FPTAS plan's start order (with one group, B=1 as in the
+        paper, that is the whole plan). Under a KV budget, longest first throughout (it packs the budget)."""
+        by_group: dict[int, list[int]] = {}
+        for i, s in enumerate(samples):
+            by_group.setdefault(s.group, []).append(i)
         predicted = np.array([s.predicted_len for s in samples], dtype=float)
-        if prompts_cost_memory:
-            order = _group_major_order(samples)
-            self._info = {"plan_method": "group-major", "plan_lanes": lanes}
-        else:
-            schedule = fptas_schedule(predicted, lanes, self.fptas_eps)
-            order = np.lexsort((-predicted, schedule.start))  # planned start, longest first on ties
-            self._info = {"plan_method": schedule.method, "planned_steps": schedule.makespan, "plan_lanes": lanes,
-                          "plan_eps_guaranteed": schedule.eps_guaranteed}
+        group_order = sorted(by_group, key=lambda g: (-predicted[by_group[g]].max(), g))
+        order, methods, worst = [], set(), 0.0
+        for g in group_order:
+            members = np.array(by_group[g])
+            if prompts_cost_memory or g != group_order[-1]:
+                order.extend(members[np.argsort(-predicted[members], kind="stable")])
+                continue
+            schedule = fptas_schedule(predicted[members], min(lanes, len(members)), self.fptas_eps)
+            order.extend(members[np.lexsort((-predicted[members], schedule.start))])  # planned start, longest first
+            methods.add(schedule.method)
+            worst = max(worst, schedule.eps_guaranteed)
+        self._info = {"plan_method": "group-major" + (f"+{'/'.join(sorted(methods))}" if methods else ""),
+                      "plan_lanes": lanes, **({"plan_eps_guaranteed": worst} if methods else {})}
         self.queue = deque(samples[i] for i in order)
         self._tiebreak = itertools.count()
         self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
@@ -167,16 +179,6 @@ class InfiniteSamplingPolicy(Policy):
     @property
     def plan_info(self) -> dict:
         return self._info
-
-
-def _group_major_order(samples: list[Sample]) -> np.ndarray:
-    """Under a KV budget every group in flight holds its prompt, so keep groups together: groups whose longest
-    predicted sample is longest go first (a short tail), and within a group the longest samples go first."""
-    group = np.array([s.group for s in samples])
-    predicted = np.array([s.predicted_len for s in samples], dtype=float)
-    longest_in_group = np.zeros(group.max() + 1)
-    np.maximum.at(longest_in_group, group, predicted)
-    return np.lexsort((-predicted, group, -longest_in_group[group]))
 
 
 class OraclePolicy(InfiniteSamplingPolicy):

@@ -48,28 +48,38 @@ def sample_stream(seed: int, prompt_id: str, index: int) -> np.random.Generator:
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, float]:
     """One token from one row of logits, and its log-prob under the temperature-scaled distribution."""
+    tokens, logprobs = sample_tokens(np.asarray(logits)[None, :], params, [rng])
+    return int(tokens[0]), float(logprobs[0])
+
+
+def sample_tokens(logits: np.ndarray, params: SamplingParams,
+                  rngs: list[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
+    """One token per row of ``logits`` [B, V], row b drawn from ``rngs[b]``; returns (tokens, log-probs).
+
+    Rows are independent: the same row gives the same token whatever else is in the batch.
+    """
     logits = logits.astype(np.float64)
     if params.temperature == 0:
-        token = int(np.argmax(logits))
-        return token, float(_log_softmax(logits)[token])
-    scaled = logits / params.temperature
-    logp = _log_softmax(scaled)
+        tokens = np.argmax(logits, axis=1)
+        return tokens, np.take_along_axis(_log_softmax(logits), tokens[:, None], 1)[:, 0]
+    logp = _log_softmax(logits / params.temperature)
+    vocab = logp.shape[1]
     keep = np.ones_like(logp, dtype=bool)
-    if params.top_k > 0 and params.top_k < len(logp):
-        kth = np.partition(logp, -params.top_k)[-params.top_k]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(logp, -params.top_k, axis=1)[:, -params.top_k][:, None]
         keep &= logp >= kth
     if params.top_p < 1.0:
-        order = np.argsort(-logp, kind="stable")
-        probs = np.exp(logp[order])
-        cut = np.searchsorted(np.cumsum(probs), params.top_p) + 1  # smallest prefix with mass >= top_p
+        order = np.argsort(-logp, axis=1, kind="stable")
+        mass = np.cumsum(np.exp(np.take_along_axis(logp, order, 1)), axis=1)
+        cut = (mass < params.top_p).sum(axis=1) + 1  # smallest prefix with mass >= top_p
         nucleus = np.zeros_like(keep)
-        nucleus[order[:cut]] = True
+        np.put_along_axis(nucleus, order, np.arange(vocab)[None, :] < cut[:, None], 1)
         keep &= nucleus
-    scores = np.where(keep, logp + rng.gumbel(size=logp.shape), -np.inf)  # the stream advances by one vocab per token
-    token = int(np.argmax(scores))
-    return token, float(logp[token])
+    noise = np.stack([rng.gumbel(size=vocab) for rng in rngs])  # each stream advances by one vocab per token
+    tokens = np.argmax(np.where(keep, logp + noise, -np.inf), axis=1)
+    return tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max()
-    return shifted - np.log(np.exp(shifted).sum())
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

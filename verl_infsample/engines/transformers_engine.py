@@ -26,7 +26,7 @@ from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats
 from .base import LoopTiming, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
-from .sampling import SamplingParams, sample_stream, sample_token
+from .sampling import SamplingParams, sample_stream, sample_tokens
 
 
 @dataclass
@@ -139,24 +139,29 @@ class TransformersEngine:
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         running = sched.running
-        logits: dict[int, np.ndarray] = {}
-        feeding = [s for s in running if s.payload["tokens"]]
+        feeding = [i for i, s in enumerate(running) if s.payload["tokens"]]
+        out = None
         if feeding:
             contexts, last, positions = [], [], []
-            for s in feeding:
+            for i in feeding:
+                s = running[i]
                 fed = len(s.payload["tokens"])  # after this pass, every token but none new is in the KV
                 self._ensure_blocks(s, fed)
                 contexts.append(self._context(s, fed))
                 last.append(s.payload["tokens"][-1])
                 positions.append(len(self._prompts[s.group]) + fed - 1)
-            out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts, q_len=1)
-            for s, row in zip(feeding, out.numpy()):
-                logits[s.uid] = row
-        finished = []
+            out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts,
+                                q_len=1).numpy()
+        if out is not None and len(feeding) == len(running):
+            rows = out
+        else:  # samples admitted this step draw their first token from their group's prompt logits
+            rows = np.stack([self._prompt_logits[s.group] for s in running])
+            if out is not None:
+                rows[feeding] = out
         params = self._params
-        for s in running:
-            row = logits[s.uid] if s.uid in logits else self._prompt_logits[s.group]
-            token, logprob = sample_token(row, params, s.payload["rng"])
+        tokens, logprobs = sample_tokens(rows, params, [s.payload["rng"] for s in running])
+        finished = []
+        for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
             s.payload["logprobs"].append(logprob)
             if token in params.stop_token_ids:
