@@ -1,0 +1,658 @@
+"""A tiny, real, offline Qwen3 checkpoint that stands in for an LLM in tests and demos.
+
+``build_tiny_model(dir)`` writes an ordinary Hugging Face folder: ``config.json`` (``Qwen3ForCausalLM``, 2 layers,
+hidden 128, 2 query heads and 1 KV head of ``head_dim`` 64, tied embeddings, float32), ``model.safetensors``,
+``generation_config.json``, and a tokenizer (``tokenizer.json`` + ``tokenizer_config.json``) with a Qwen-style chat
+template, eos ``<|im_end|>`` and pad ``<|endoftext|>``. ``AutoModelForCausalLM`` / ``AutoTokenizer`` load it with no
+network. Nothing is downloaded: a byte-level BPE tokenizer (1024 tokens) is trained here with the ``tokenizers``
+library on a synthetic chat corpus, and the randomly initialised model is then trained on that corpus for about
+half a minute on one CPU thread, fully seeded (same arguments, same machine: same weights).
+
+The corpus makes **response length depend on the prompt**, as in real rollouts: "count to 7" (8 tokens with the
+eos), "count to 240" (hundreds; training sequences are cut at 160 tokens, so those never stop inside a 128 cap),
+"count down from 30", "repeat cat 12 times", "list the months", "list the letters of river", "add 385 and 47"
+(column by column, with carries), "what is 12 times 7" (running sums), "tell a tiny|short|medium|long|endless story
+about moon", "say cat", "is 5 bigger than 200", ... every answer ending with ``<|im_end|>``. The model is small and
+briefly trained, so it follows these only roughly; sampled at temperature 1.0 with a 128-token cap, answers spread
+from a couple of tokens to the cap (some short, most in between, roughly one in seven capped) and the prompt
+accounts for a fair part of the spread (the kind of task, the story's size word, ...), the first tokens for more.
+
+Shifting stop times: add a constant to the ``<|im_end|>`` logit. With transformers, pass
+``logits_processor=LogitsProcessorList([eos_bias_processor(tok.eos_token_id, bias)])`` to ``generate`` (the
+processor's ``bias`` attribute may be changed between calls, or mid-run, to move the length distribution), or
+``sequence_bias={(tok.eos_token_id,): bias}``; with vLLM, ``SamplingParams(logit_bias={eos_id: bias})``. A positive
+bias makes answers shorter, a negative one longer (more of them hit the cap). ``length_histogram(..., eos_bias=b)``
+measures the effect.
+
+GPU engines: the weights are float32; pass ``dtype="bfloat16"`` (verl's rollout default) where a kernel wants it.
+
+This module imports torch / transformers / tokenizers only inside functions, so importing it is cheap; nothing in
+``verl_infsample.core`` imports it.
+
+    infsample make-tiny-model DIR [--layers 2 --hidden 128 --heads 2 --kv-heads 1 --vocab 1024 --seed 0 --train-steps N]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Bump when the corpus, the tokenizer, the training recipe or the folder layout changes: cached models rebuild.
+BUILD_VERSION = 1
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+STAMP_FILE = "tiny_model.json"
+
+# Qwen's layout, minus tools: every message is <|im_start|>role\ncontent<|im_end|>\n; the generation prompt is the
+# open assistant header.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+DEFAULT_VOCAB = 1024
+DEFAULT_TRAIN_STEPS = 1000
+HEAD_DIM = 64  # some engines' attention kernels need head_dim >= 64
+
+# The default build: what ``tiny_model_path`` caches, and what its fingerprint covers.
+DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_VOCAB, seed=0,
+                      train_steps=DEFAULT_TRAIN_STEPS, intermediate=None, corpus_size=6000, lr=3e-3,
+                      batch_tokens=256, max_seq_len=160, max_position_embeddings=4096)
+
+WORDS = [
+    "cat", "dog", "sun", "sky", "tree", "river", "apple", "house", "green", "stone", "cloud", "bread", "music",
+    "light", "water", "tiger", "robot", "pencil", "garden", "window", "orange", "purple", "rocket", "planet",
+    "castle", "dragon", "banana", "forest", "silver", "winter", "summer", "yellow", "bottle", "candle", "flower",
+    "monkey", "island", "bridge", "engine", "camera", "mirror", "pillow", "rabbit", "turtle", "violin", "wizard",
+    "lemon", "ocean", "table", "chair", "horse", "mouse", "train", "plane", "snow", "rain", "wind", "fire", "moon",
+    "star", "book", "door", "fish", "bird", "frog", "milk", "cake", "salt", "gold", "ship",
+]
+GREETINGS = [
+    ("hi", "hi! how can i help?"),
+    ("hello", "hello! what can i do for you?"),
+    ("thanks", "you are welcome."),
+    ("who are you", "i am a tiny model."),
+    ("ok", "ok."),
+]
+
+
+# ----------------------------------------------------------------------------------------------- synthetic corpus
+
+def _loguniform(rng: random.Random, lo: int, hi: int) -> int:
+    return max(lo, min(hi, int(round(math.exp(rng.uniform(math.log(lo), math.log(hi + 0.999)))))))
+
+
+def _add_steps(a: int, b: int) -> str:
+    """Column addition, ones first: 'add 385 and 47' -> '5 + 7 = 12 , write 2 carry 1 . 8 + 4 + 1 = 13 , ...'"""
+    da, db = str(a)[::-1], str(b)[::-1]
+    carry, parts = 0, []
+    for i in range(max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        s = x + y + carry
+        terms = f"{x} + {y}" + (f" + {carry}" if carry else "")
+        carry = s // 10
+        parts.append(f"{terms} = {s} , write {s % 10}" + (f" carry {carry}" if carry else ""))
+    if carry:
+        parts.append(f"write {carry}")
+    return " . ".join(parts) + f" . so {a} + {b} = {a + b}"
+
+
+def _count_to(rng):
+    n = _loguniform(rng, 2, 300)
+    return f"count to {n}", " ".join(str(i) for i in range(1, n + 1))
+
+
+def _count_from(rng):
+    a = rng.randint(1, 150)
+    b = a + _loguniform(rng, 2, 150)
+    return f"count from {a} to {b}", " ".join(str(i) for i in range(a, b + 1))
+
+
+def _count_down(rng):
+    n = _loguniform(rng, 2, 250)
+    return f"count down from {n}", " ".join(str(i) for i in range(n, 0, -1)) + " go"
+
+
+def _multiples(rng):
+    k = rng.randint(2, 10)
+    m = k * _loguniform(rng, 2, 120)
+    return f"list the multiples of {k} up to {m}", " ".join(str(k * i) for i in range(1, m // k + 1))
+
+
+def _repeat(rng):
+    w = rng.choice(WORDS)
+    n = _loguniform(rng, 2, 250)
+    return f"repeat {w} {n} times", " ".join([w] * n)
+
+
+def _letters(rng):
+    w = rng.choice(WORDS)
+    if rng.random() < 0.5:
+        return f"list the letters of {w}", " ".join(w)
+    return f"spell {w} backwards", " ".join(reversed(w))
+
+
+def _add(rng):
+    a = _loguniform(rng, 10, 9999)
+    b = _loguniform(rng, 10, 9999)
+    return f"add {a} and {b}", _add_steps(a, b)
+
+
+def _times(rng):
+    a = _loguniform(rng, 2, 40)
+    b = rng.randint(2, 12)
+    sums = " , ".join(str(b * i) for i in range(1, a + 1))
+    return f"what is {a} times {b}", f"{sums} . so {a} times {b} is {a * b}"
+
+
+# A story's length (in sentences) is drawn from its size class: the prompt says roughly how long the answer is.
+STORY_SIZES = {"tiny": (1, 1), "short": (2, 4), "medium": (4, 10), "long": (10, 22), "endless": (40, 80)}
+STORY_SENTENCES = ["the {t} is here .", "the {t} sees a {w} .", "a {w} likes the {t} .", "then the {t} sleeps .",
+                   "the {t} and the {w} play .", "the {t} is {c} ."]
+COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "silver", "gold"]
+
+
+def _story(rng):
+    size = rng.choice(list(STORY_SIZES))
+    t = rng.choice(WORDS)
+    n = rng.randint(*STORY_SIZES[size])
+    sentences = [rng.choice(STORY_SENTENCES).format(t=t, w=rng.choice(WORDS), c=rng.choice(COLOURS))
+                 for _ in range(n)]
+    return f"tell a {size} story about {t}", " ".join(sentences) + " the end ."
+
+
+# Fixed answers whose length the prompt's key word gives away exactly.
+LISTS = {
+    "the days of the week": "monday tuesday wednesday thursday friday saturday sunday",
+    "the months": "january february march april may june july august september october november december",
+    "the alphabet": " ".join("abcdefghijklmnopqrstuvwxyz"),
+    "the colours": " ".join(COLOURS),
+    "the numbers up to ten in words": "one two three four five six seven eight nine ten",
+    "the seasons": "spring summer autumn winter",
+    "the planets": "mercury venus earth mars jupiter saturn uranus neptune",
+    "the animals": " ".join(["cat", "dog", "tiger", "monkey", "rabbit", "turtle", "horse", "mouse", "fish", "bird",
+                             "frog", "dragon"]),
+}
+
+
+def _fixed_list(rng):
+    what = rng.choice(list(LISTS))
+    answer = LISTS[what]
+    if rng.random() < 0.3:
+        return f"list {what} twice", f"{answer} . {answer}"
+    return f"list {what}", answer
+
+
+def _short(rng):
+    r = rng.random()
+    if r < 0.4:
+        w = rng.choice(WORDS)
+        return f"say {w}", w
+    if r < 0.75:
+        a, b = rng.randint(0, 300), rng.randint(0, 300)
+        return f"is {a} bigger than {b}", "yes" if a > b else "no"
+    return rng.choice(GREETINGS)
+
+
+# (kind, weight, generator); answers run from one token ("yes") to a few hundred ("count to 280").
+TASKS = [("count_to", 14, _count_to), ("count_from", 5, _count_from), ("count_down", 9, _count_down),
+         ("multiples", 5, _multiples), ("repeat", 10, _repeat), ("letters", 5, _letters), ("add", 6, _add),
+         ("times", 6, _times), ("story", 20, _story), ("lists", 8, _fixed_list), ("short", 12, _short)]
+
+
+def synth_example(rng: random.Random, kind: str | None = None) -> tuple[str, str]:
+    """One (prompt, answer) pair of ``kind`` (default: drawn by weight); the answer's length follows the prompt."""
+    if kind is None:
+        kind = rng.choices([k for k, _, _ in TASKS], weights=[w for _, w, _ in TASKS])[0]
+    return {k: f for k, _, f in TASKS}[kind](rng)
+
+
+def synth_corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    return [synth_example(rng) for _ in range(n)]
+
+
+def default_prompts(n: int = 16, seed: int = 10_000) -> list[str]:
+    """Held-out prompts (another seed than the training corpus), every kind in turn, for sampling and histograms."""
+    rng = random.Random(seed)
+    return [synth_example(rng, TASKS[i % len(TASKS)][0])[0] for i in range(n)]
+
+
+def render_chat(prompt: str, answer: str | None = None) -> str:
+    """The chat template by hand (what ``apply_chat_template`` renders), optionally with the assistant's answer."""
+    text = f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
+    return text if answer is None else text + answer + IM_END
+
+
+# ------------------------------------------------------------------------------------------------------- building
+
+def _resolve(params: dict) -> dict:
+    p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    unknown = set(p) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown build parameter(s): {', '.join(sorted(unknown))}")
+    for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "corpus_size", "batch_tokens", "max_seq_len"):
+        if int(p[k]) < 1:
+            raise ValueError(f"{k} must be >= 1, got {p[k]}")
+    if int(p["train_steps"]) < 0:
+        raise ValueError(f"train_steps must be >= 0, got {p['train_steps']}")
+    if p["heads"] % p["kv_heads"]:
+        raise ValueError(f"heads ({p['heads']}) must be a multiple of kv_heads ({p['kv_heads']})")
+    if p["vocab"] < 300:
+        raise ValueError(f"vocab must be >= 300 (256 bytes + special tokens + merges), got {p['vocab']}")
+    p["intermediate"] = int(p["intermediate"] or p["hidden"])
+    return p
+
+
+def fingerprint(params: dict | None = None) -> str:
+    """A hash of the build: BUILD_VERSION plus every resolved parameter. Same fingerprint, same model."""
+    p = _resolve(params or {})
+    blob = json.dumps({"build_version": BUILD_VERSION, **p}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _train_tokenizer(corpus: list[tuple[str, str]], vocab: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # GPT-2 style byte-level pre-tokenisation keeps " 123" a word, so common numbers become single tokens.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
+    tok.train_from_iterator((render_chat(p, a) for p, a in corpus), trainer=trainer)
+    return tok
+
+
+def _wrap_tokenizer(tok, model_max_length: int):
+    from transformers import PreTrainedTokenizerFast
+
+    # Left padding: what batched generation wants (verl pads for itself either way).
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT, unk_token=None,
+                                   bos_token=None, extra_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE,
+                                   model_max_length=model_max_length, padding_side="left",
+                                   clean_up_tokenization_spaces=False)
+
+
+def _encode_corpus(tok, corpus, max_seq_len):
+    """Token ids and the index where each answer starts (loss is taken on the answer and its <|im_end|>).
+
+    ``tok`` is the raw ``tokenizers.Tokenizer``; the prompt is encoded exactly as the chat template renders it.
+    """
+    eos = tok.token_to_id(IM_END)
+    prompts = [e.ids for e in tok.encode_batch([render_chat(p) for p, _ in corpus], add_special_tokens=False)]
+    answers = [e.ids for e in tok.encode_batch([a for _, a in corpus], add_special_tokens=False)]
+    out = []
+    for p, a in zip(prompts, answers):
+        ids = (p + a + [eos])[:max_seq_len]
+        out.append((ids, len(p)))
+    return out
+
+
+def _batches(encoded, batch_tokens, rng: random.Random):
+    """Token-budget batches of similar lengths (right-padded; causal attention never looks at the padding)."""
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][0]), rng.random()))
+    batches, cur, cur_max = [], [], 0
+    for i in order:
+        n = len(encoded[i][0])
+        if cur and max(cur_max, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def build_tiny_model(out_dir, *, layers: int = 2, hidden: int = 128, heads: int = 2, kv_heads: int = 1,
+                     vocab: int | None = None, seed: int = 0, train_steps: int | None = None,
+                     intermediate: int | None = None, corpus_size: int | None = None, lr: float | None = None,
+                     batch_tokens: int | None = None, max_seq_len: int | None = None,
+                     max_position_embeddings: int | None = None, threads: int = 1, verbose: bool = False) -> Path:
+    """Write a Qwen3 checkpoint folder (config, model.safetensors, generation_config, tokenizer) to ``out_dir``.
+
+    ``vocab`` is the BPE vocabulary size to train (default 1024; the config's ``vocab_size`` is the tokenizer's
+    length); ``train_steps`` the number of AdamW steps (0: random weights). Everything is seeded by ``seed``: the same
+    arguments on the same machine give the same bytes. ``out_dir`` must be empty, absent, or an earlier build.
+
+    Training runs on ``threads`` torch threads (restored afterwards). One is the default on purpose: the result then
+    does not depend on the machine's core count, and on a busy 2-core machine two OpenMP threads spin-wait against
+    other processes and run many times slower than one.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    p = _resolve(dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seed=seed,
+                      train_steps=train_steps, intermediate=intermediate, corpus_size=corpus_size, lr=lr,
+                      batch_tokens=batch_tokens, max_seq_len=max_seq_len,
+                      max_position_embeddings=max_position_embeddings))
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not (out / STAMP_FILE).exists():
+        raise ValueError(f"refusing to write a tiny model into non-empty {out} (not an earlier tiny-model build)")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    corpus = synth_corpus(p["corpus_size"], p["seed"])
+    raw_tok = _train_tokenizer(corpus, p["vocab"])
+    hf_tok = _wrap_tokenizer(raw_tok, p["max_position_embeddings"])
+    eos_id, pad_id = hf_tok.convert_tokens_to_ids(IM_END), hf_tok.convert_tokens_to_ids(ENDOFTEXT)
+    encoded = _encode_corpus(raw_tok, corpus, p["max_seq_len"])
+    t_tok = time.perf_counter()
+
+    config = Qwen3Config(
+        vocab_size=len(hf_tok), hidden_size=p["hidden"], intermediate_size=p["intermediate"],
+        num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
+        head_dim=HEAD_DIM, max_position_embeddings=p["max_position_embeddings"], rope_theta=10000.0,
+        tie_word_embeddings=True, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
+        use_cache=True, attention_dropout=0.0, dtype="float32",
+    )
+    config.architectures = ["Qwen3ForCausalLM"]
+
+    stats = {}
+    with torch.random.fork_rng(devices=[]), _torch_threads(threads):
+        torch.manual_seed(p["seed"])
+        model = Qwen3ForCausalLM(config).float()
+        if p["train_steps"]:
+            stats = _train(model, encoded, p, verbose=verbose)
+    t_train = time.perf_counter()
+    model.eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True, temperature=1.0, top_p=1.0,
+        max_new_tokens=128)
+
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", STAMP_FILE):
+        (out / name).unlink(missing_ok=True)
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    # Older transformers (4.x) and other loaders know the class by its 4.x name and read the template from here.
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE,
+              additional_special_tokens=[IM_START])
+    tc_path.write_text(json.dumps(tc, indent=2) + "\n")
+    stamp = {"build_version": BUILD_VERSION, "fingerprint": fingerprint(p), "params": p,
+             "build_seconds": round(time.perf_counter() - t0, 2), "tokenizer_seconds": round(t_tok - t0, 2),
+             "train_seconds": round(t_train - t_tok, 2), "eos_token_id": eos_id, "pad_token_id": pad_id,
+             "vocab_size": len(hf_tok), "n_params": sum(t.numel() for t in model.parameters()), **stats}
+    (out / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n")
+    return out
+
+
+def _lean_hidden(model, input_ids, cos, sin):
+    """Qwen3's forward (causal, no padding mask, no cache), from the model's own modules without the wrappers.
+
+    At these sizes much of the HF forward's time is bookkeeping (masks, outputs, kwargs); this computes the same final
+    hidden states (the test suite checks it against ``model.model(...)``) with less of it.
+    """
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    inner = model.model
+    b, t = input_ids.shape
+    cos, sin = cos[:, :t], sin[:, :t]
+    x = inner.embed_tokens(input_ids)
+    for layer in inner.layers:
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_norm(attn.q_proj(h).view(b, t, -1, attn.head_dim)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(h).view(b, t, -1, attn.head_dim)).transpose(1, 2)
+        v = attn.v_proj(h).view(b, t, -1, attn.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return inner.norm(x)
+
+
+def _rope_tables(model, length: int):
+    import torch
+
+    pos = torch.arange(length).unsqueeze(0)
+    return model.model.rotary_emb(model.model.embed_tokens.weight[:1, None, :], pos)
+
+
+def _train(model, encoded, p: dict, verbose: bool = False) -> dict:
+    import torch
+
+    rng = random.Random(p["seed"] + 1)
+    batches = _batches(encoded, p["batch_tokens"], rng)
+    steps, lr = p["train_steps"], p["lr"]
+    warmup = max(1, min(30, steps // 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    model.train()
+    with torch.no_grad():
+        cos, sin = _rope_tables(model, p["max_seq_len"])
+    order: list[int] = []
+    losses = []
+    for step in range(steps):
+        if not order:
+            order = list(range(len(batches)))
+            rng.shuffle(order)
+        rows = [encoded[i] for i in batches[order.pop()]]
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        for r, (ids, start) in enumerate(rows):
+            input_ids[r, :len(ids)] = torch.tensor(ids)
+            labels[r, start:len(ids)] = torch.tensor(ids[start:])
+        # No attention mask: padding is on the right and attention is causal, so real tokens never see it.
+        # The LM head runs only where there is a target (answer tokens), which saves a good part of the compute.
+        hidden = _lean_hidden(model, input_ids, cos, sin)[:, :-1]
+        targets = labels[:, 1:]
+        keep = targets != -100
+        logits = model.lm_head(hidden[keep])
+        loss = torch.nn.functional.cross_entropy(logits, targets[keep])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if verbose and (step % 100 == 99 or step == steps - 1):
+            recent = losses[-100:]
+            print(f"tiny-model: step {step + 1:4d}/{steps}  loss {sum(recent) / len(recent):.3f}", file=sys.stderr)
+    tail = losses[-20:]
+    return {"train_steps_done": steps, "final_loss": round(sum(tail) / len(tail), 4)}
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None):
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------------- the cache
+
+def _default_cache_root() -> Path:
+    env = os.environ.get("INFSAMPLE_TINY_MODEL_CACHE")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").exists():
+        return repo / ".cache" / "tiny-model"
+    return Path.home() / ".cache" / "verl_infsample" / "tiny-model"
+
+
+def _is_complete(folder: Path, fp: str) -> bool:
+    try:
+        stamp = json.loads((folder / STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("fingerprint") == fp and all(
+        (folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"))
+
+
+def tiny_model_path(cache_root=None) -> Path:
+    """The default tiny model's folder, built once (about 40 s of one CPU core) and cached.
+
+    The cache is ``<repo>/.cache/tiny-model/`` (or ``$INFSAMPLE_TINY_MODEL_CACHE``, or ``cache_root``); the folder
+    is named by the build's fingerprint, so a change of defaults or of ``BUILD_VERSION`` builds a new one. The build
+    goes to a temporary folder that is renamed into place when complete, so a half-built model is never used.
+    """
+    root = Path(cache_root) if cache_root is not None else _default_cache_root()
+    fp = fingerprint()
+    final = root / f"qwen3-tiny-{fp[:12]}"
+    if _is_complete(final, fp):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    tmp.chmod(0o755)
+    try:
+        build_tiny_model(tmp, **DEFAULTS)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished first, or a stale/broken folder is in the way
+            if not _is_complete(final, fp):
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------------------------- sampling lengths
+
+def eos_bias_processor(eos_token_id, bias: float = 0.0):
+    """A transformers ``LogitsProcessor`` adding ``bias`` to the eos logit(s): > 0 shortens answers, < 0 lengthens.
+
+    ``bias`` is a plain attribute: change it between (or during) ``generate`` calls to move the length distribution.
+    """
+    from transformers import LogitsProcessor
+
+    class EosBiasLogitsProcessor(LogitsProcessor):
+        def __init__(self, ids, b):
+            self.ids = [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+            self.bias = float(b)
+
+        def __call__(self, input_ids, scores):
+            if not self.bias:
+                return scores
+            scores = scores.clone()
+            scores[:, self.ids] += self.bias
+            return scores
+
+    return EosBiasLogitsProcessor(eos_token_id, bias)
+
+
+def sample_responses(model_dir, prompts: list[str], *, max_new_tokens: int = 128, seed: int = 0,
+                     temperature: float = 1.0, eos_bias: float = 0.0, do_sample: bool = True,
+                     batch_size: int = 64, model=None, tokenizer=None, threads: int = 1) -> list[list[int]]:
+    """Generated token ids per prompt (one response per entry; repeat a prompt for a group), eos included."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
+    mdl = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = tok.eos_token_id
+    procs = LogitsProcessorList([eos_bias_processor(eos, eos_bias)] if eos_bias else [])
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+             for q in prompts]
+    out: list[list[int]] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _torch_threads(threads):
+        torch.manual_seed(seed)
+        for i in range(0, len(texts), batch_size):
+            enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, padding_side="left",
+                      add_special_tokens=False)
+            kw = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=None) if do_sample else dict(
+                do_sample=False, temperature=None, top_p=None, top_k=None)
+            gen = mdl.generate(**enc, max_new_tokens=max_new_tokens, logits_processor=procs, eos_token_id=eos,
+                               pad_token_id=tok.pad_token_id, **kw)
+            for row in gen[:, enc["input_ids"].shape[1]:].tolist():
+                out.append(row[:row.index(eos) + 1] if eos in row else row)
+    return out
+
+
+def length_histogram(model_dir, prompts: list[str] | None = None, n: int = 64, max_new_tokens: int = 128,
+                     seed: int = 0, *, temperature: float = 1.0, eos_bias: float = 0.0, model=None,
+                     tokenizer=None, batch_size: int = 64) -> list[int]:
+    """Sample ``n`` responses and return their lengths in tokens (eos counted; a capped one is ``max_new_tokens``).
+
+    ``prompts`` default to ``default_prompts()`` (16, every task kind in turn); response ``i`` answers
+    ``prompts[i % len(prompts)]``. Seeded: the same arguments give the same lengths. Pass ``model`` / ``tokenizer``
+    to reuse loaded ones. For the README: ``plot_length_histogram(length_histogram(d), "lengths.png", 128)``.
+    """
+    prompts = list(prompts) if prompts else default_prompts()
+    batch = [prompts[i % len(prompts)] for i in range(n)]
+    return [len(r) for r in sample_responses(model_dir, batch, max_new_tokens=max_new_tokens, seed=seed,
+                                             temperature=temperature, eos_bias=eos_bias, model=model,
+                                             tokenizer=tokenizer, batch_size=batch_size)]
+
+
+def plot_length_histogram(lengths: list[int], path, max_new_tokens: int | None = None, title: str | None = None):
+    """A PNG histogram of response lengths (matplotlib, Agg backend); the cap, if given, is drawn as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cap = max_new_tokens or max(lengths)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(lengths, bins=min(32, max(4, cap // 4)), range=(0, cap + 1), color="#4477aa", edgecolor="white")
+    if max_new_tokens:
+        ax.axvline(max_new_tokens, color="#cc3311", linestyle="--", linewidth=1, label=f"cap {max_new_tokens}")
+        ax.legend()
+    ax.set_xlabel("response length (tokens)")
+    ax.set_ylabel("responses")
+    ax.set_title(title or f"tiny model: {len(lengths)} sampled responses")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+# ------------------------------------------------------------------------------------------------------ the CLI
+
+def add_make_tiny_model_parser(subparsers):
+    """Register ``make-tiny-model DIR [...]`` on an argparse ``add_subparsers()`` object."""
+    p = subparsers.add_parser("make-tiny-model", help="build the tiny offline Qwen3 model used by tests and demos",
+                              description="Train a byte-level BPE tokenizer and a tiny Qwen3 model on a synthetic "
+                                          "chat corpus (CPU, seconds) and write a Hugging Face folder to DIR.")
+    p.add_argument("dir", help="output folder (absent, empty, or an earlier tiny-model build)")
+    p.add_argument("--layers", type=int, default=DEFAULTS["layers"])
+    p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
+    p.add_argument("--heads", type=int, default=DEFAULTS["heads"], help=f"attention heads (head_dim is {HEAD_DIM})")
+    p.add_argument("--kv-heads", type=int, default=DEFAULTS["kv_heads"])
+    p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"], help="BPE vocabulary size to train")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    p.add_argument("--train-steps", type=int, default=DEFAULTS["train_steps"], help="0: random weights")
+    p.set_defaults(func=cmd_make_tiny_model)
+    return p
+
+
+def cmd_make_tiny_model(args) -> int:
+    t0 = time.perf_counter()
+    out = build_tiny_model(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                           kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, train_steps=args.train_steps,
+                           verbose=True)
+    stamp = json.loads((out / STAMP_FILE).read_text())
+    print(f"tiny model: {stamp['n_params']:,} parameters, vocab {stamp['vocab_size']}, "
+          f"loss {stamp.get('final_loss', 'n/a')}, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(out)
+    return 0
