@@ -16,8 +16,9 @@ _registered = False
 
 
 def register() -> None:
-    """Register ``rollout.name=infinite`` with verl (worker-side rollout class, driver-side replica class) and
-    check ``actor_rollout_ref.rollout.custom.*`` when verl validates its config, before Ray starts."""
+    """Register ``rollout.name=infinite`` with verl (worker-side rollout class, driver-side replica class) and the
+    V1 trainer mode ``infinite_sync`` (once verl imports its V1 trainers), and check
+    ``actor_rollout_ref.rollout.custom.*`` when verl validates its config, before Ray starts."""
     global _registered
     if _registered:
         return
@@ -33,10 +34,25 @@ def register() -> None:
         return InfiniteReplica
 
     RolloutReplicaRegistry.register("infinite", load_replica)
+    # trainer.v1.trainer_mode=infinite_sync (verl_balance): registered in whichever process imports verl's V1
+    # trainers (the TaskRunner actor), when it does, so no other process pays for that import.
+    from .import_hooks import when_imported
+
+    when_imported("verl.trainer.ppo.v1", _register_trainer_mode)
     if not getattr(verl_config.validate_config, "_infsample", False):
         verl_config.validate_config = _validating(verl_config.validate_config)
     _registered = True
     logger.info("verl-infsample %s registered rollout backend 'infinite'", __version__)
+
+
+def _register_trainer_mode(_v1_module) -> None:
+    """Runs inside verl's import of ``verl.trainer.ppo.v1``: a failure here is logged, never raised into verl."""
+    import importlib
+
+    try:
+        importlib.import_module("verl_infsample.verl_balance")  # registers on import (idempotent)
+    except Exception:  # noqa: BLE001 - verl must keep working without our trainer mode
+        logger.warning("verl-infsample: could not register trainer mode 'infinite_sync'", exc_info=True)
 
 
 def _validating(validate_config):

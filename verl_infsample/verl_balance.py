@@ -11,13 +11,15 @@ Karmarkar-Karp partitions, so never worse than them) instead of ``get_seqlen_bal
 ``_balance_batch`` does (DP size lookup, padding up to the batch multiple, workload model, in-place reorder,
 ``global_seqlen/*`` metrics) is verl's code, unchanged; ``infsample/seqlen_balance_*`` metrics are added.
 
+With ``rollout.name=infinite`` it also adds the rollout servers' ``infsample/*`` metrics (decode steps, peak KV,
+preemptions, plan time, ...) to every step's metrics (:meth:`InfiniteSyncTrainer.step`).
+
 The registry lives in the process that looks the trainer up: verl's ``TaskRunnerV1.run`` calls ``get_trainer_cls``
 inside the TaskRunner *Ray actor*, so this module must be imported in that worker process, not only in the driver.
-Without a custom launcher, let Ray import it in every worker process at start-up:
-
-    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_infsample.verl_balance.register
-
-(a launcher of our own may instead import this module inside its TaskRunner before ``get_trainer_cls``).
+The plugin does that: ``verl_infsample.register()`` (run by ``import verl`` through the ``verl.plugins`` entry
+point) imports this module as soon as a process imports ``verl.trainer.ppo.v1``, so no configuration is needed and
+no other process pays for the import. (``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=
+verl_infsample.verl_balance.register`` also works, at the price of the import in every Ray worker.)
 
 Why the trainer reports ``trainer_mode == "sync"``: verl's base class branches on ``self.trainer_mode == "sync"``
 (replay-buffer class, exact refill, TransferQueue checkpointing, re-issuing in-flight prompts) and reads
@@ -112,7 +114,8 @@ def _check_partitions(partitions: list[list[int]], n: int, k: int) -> None:
 
 
 class InfiniteSyncTrainer(PPOTrainerSync):
-    """verl's synchronous V1 trainer, balancing the actor-update batch over DP ranks with our partitioning."""
+    """verl's synchronous V1 trainer, balancing the actor-update batch over DP ranks with our partitioning, and
+    adding the rollout servers' ``infsample/*`` metrics to each step's metrics (with ``rollout.name=infinite``)."""
 
     @property
     def trainer_mode(self) -> str:
@@ -124,6 +127,35 @@ class InfiniteSyncTrainer(PPOTrainerSync):
     @trainer_mode.setter
     def trainer_mode(self, value: str) -> None:
         self.registered_trainer_mode = value
+
+    def step(self, metrics: dict, timing_raw: dict):
+        """verl's step, plus the ``infsample/*`` metrics of this step's rollout from every ``InfiniteServer``.
+
+        In the sync trainer the step's rollout happens inside ``step`` (prompts are dispatched in ``prepare_step``,
+        the replay buffer waits for all samples), so the servers' accumulators are emptied before (dropping what
+        validation rollouts left there) and read after it."""
+        servers = self._infinite_servers()
+        if servers:
+            import ray
+
+            ray.get([s.pop_step_metrics.remote() for s in servers])
+        batch = super().step(metrics, timing_raw)
+        if servers:
+            import ray
+
+            from verl_infsample.verl_rollout.server import merge_rollout_metrics
+
+            metrics.update(merge_rollout_metrics(ray.get([s.pop_step_metrics.remote() for s in servers]),
+                                                 parallel=True))
+        return batch
+
+    def _infinite_servers(self) -> list:
+        """The server actors of ``rollout.name=infinite`` replicas (none for other backends)."""
+        if self.config.actor_rollout_ref.rollout.name != "infinite":
+            return []
+        manager = getattr(self, "llm_server_manager", None)
+        replicas = manager.get_replicas() if manager is not None else []
+        return [server for replica in replicas for server in replica.servers]
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         """Reorder the data on single controller such that each dp rank gets similar total workload.

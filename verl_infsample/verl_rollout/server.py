@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class InfiniteServer:
         self._worker: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self.last_rollout_metrics: dict = {}
+        self._step_metrics: dict = {}  # merged over the batches since the last pop_step_metrics()
+        self._metrics_lock = threading.Lock()
         self._predictor = None  # history learns across steps
         logger.info("InfiniteServer %d ready: %s on %s", replica_rank, path, self.settings)
 
@@ -156,6 +159,10 @@ class InfiniteServer:
                 "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
                 "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
                 "infsample/samples": len(batch), "infsample/wall_s": res.wall_s}
+            with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
+                self._step_metrics = merge_rollout_metrics(
+                    [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
+                                          "infsample/total_tokens": res.total_tokens}], parallel=False)
             for (reqs, _), outs in zip(members, res.outputs):
                 for r, o in zip(reqs, outs):
                     results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
@@ -217,6 +224,35 @@ class InfiniteServer:
 
     def get_metrics(self) -> dict:
         return dict(self.last_rollout_metrics)
+
+    async def pop_step_metrics(self) -> dict:
+        """The ``infsample/*`` metrics merged over every batch decoded since the last call (empty if none), then
+        reset: verl's trainer calls it once per step (``verl_balance.InfiniteSyncTrainer.step``)."""
+        with self._metrics_lock:
+            metrics, self._step_metrics = self._step_metrics, {}
+        return metrics
+
+
+# How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
+# steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
+_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens")
+_SEQUENTIAL = ("infsample/decode_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
+_MAX = ("infsample/peak_kv_bytes",)
+
+
+def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
+    """Combine ``infsample/*`` metric dicts: of one server's successive batches (``parallel=False``) or of several
+    replicas' step totals (``parallel=True``). Keys outside the known ones are dropped; empty dicts are ignored."""
+    metrics = [m for m in metrics if m]
+    out: dict = {}
+    for key in _SUM + _SEQUENTIAL + _MAX:
+        values = [m[key] for m in metrics if key in m]
+        if not values:
+            continue
+        out[key] = max(values) if key in _MAX or (parallel and key in _SEQUENTIAL) else sum(values)
+    if parallel and metrics:
+        out["infsample/replicas"] = len(metrics)
+    return out
 
 
 def _prompt_key(prompt: tuple) -> str:

@@ -1,0 +1,62 @@
+# Sourced by examples/*/run_grpo_cpu.sh: what makes verl's trainer run on the CPU (2 cores are enough).
+#
+# Sets ROOT, PYTHON, MODEL_PATH (the tiny offline Qwen3 of verl_infsample.models.tiny, built once and cached under
+# .cache/tiny-model) and the bash array CPU_OVERRIDES (Hydra overrides appended after a GPU script's own, so they
+# win). Knobs (environment): STEPS (2), N (rollout.n, 32), BATCH (prompts per step, 2), NGPUS (logical GPUs = FSDP
+# ranks = rollout replicas, 1), PROMPT_LEN (512), RESPONSE_LEN (48), SLOTS (samples decoded at once per replica, 16).
+#
+# The opt-in is VERL_INFSAMPLE_CPU=1 (+ VERL_PLATFORM=cpu): the plugin then registers a "cpu" platform through
+# verl's platform plugin API and applies the patches in patches/ (see patches/README.md); without it none of that
+# runs. Ray workers inherit the environment of the driver, which starts the local Ray cluster.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
+export PYTHON
+
+export VERL_INFSAMPLE_CPU=1 VERL_PLATFORM=cpu
+export TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 HYDRA_FULL_ERROR=1
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # several processes share 2 cores: no spin-waiting thread pools
+_NPROC="$(nproc 2>/dev/null || echo 2)"
+export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$(( _NPROC < 8 ? _NPROC : 8 ))}"  # TransferQueue warns on every call if > cores
+
+STEPS="${STEPS:-2}"
+N="${N:-32}"
+BATCH="${BATCH:-2}"
+NGPUS="${NGPUS:-1}"
+PROMPT_LEN="${PROMPT_LEN:-512}"
+RESPONSE_LEN="${RESPONSE_LEN:-48}"
+SLOTS="${SLOTS:-16}"
+
+MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from verl_infsample.models.tiny import tiny_model_path; print(tiny_model_path())')}"
+
+# bf16 matmuls are several times slower than fp32 on most CPUs: train and score in fp32 (the server decodes in fp32,
+# so rollout and trainer log-probs agree to ~1e-6)
+FP32='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+
+CPU_OVERRIDES=(
+  # devices: the CPU platform, logical Ray GPUs (one per FSDP rank), no dashboard
+  trainer.device=cpu trainer.nnodes=1 trainer.n_gpus_per_node="$NGPUS"
+  +ray_kwargs.ray_init.num_gpus="$NGPUS" ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.include_dashboard=false
+  # TransferQueue starts 8 storage actors of 1 CPU each by default
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+  # no flash-attn, no torch.compile, no bf16 on the CPU
+  +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  actor_rollout_ref.model.use_remove_padding=false actor_rollout_ref.model.enable_gradient_checkpointing=false
+  actor_rollout_ref.actor.use_torch_compile=false
+  actor_rollout_ref.actor.fsdp_config.use_torch_compile=false actor_rollout_ref.ref.fsdp_config.use_torch_compile=false
+  +actor_rollout_ref.actor.fsdp_config.mixed_precision="$FP32" +actor_rollout_ref.ref.fsdp_config.mixed_precision="$FP32"
+  # small: a few prompts, short responses, one agent-loop and one reward worker
+  data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN"
+  data.dataloader_num_workers=0
+  actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
+  actor_rollout_ref.actor.use_dynamic_bsz=false actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+  actor_rollout_ref.rollout.n="$N" actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1
+  actor_rollout_ref.rollout.custom.slots="$SLOTS" actor_rollout_ref.rollout.custom.kv_budget=null
+  actor_rollout_ref.rollout.custom.threads=1
+  # two steps, console metrics only, no validation or checkpoints
+  trainer.logger='[console]' trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
+  trainer.total_training_steps="$STEPS" trainer.total_epochs=1000
+)

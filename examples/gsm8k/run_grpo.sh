@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# GRPO on GSM8K with verl, rollouts by Infinite Sampling (rollout.name=infinite); verl's own GSM8K reward.
+#
+#   bash examples/gsm8k/run_grpo.sh [MODEL_PATH] [NGPUS] [extra Hydra overrides...]
+#
+# MODEL_PATH (default Qwen/Qwen3-1.7B) and NGPUS (GPUs on this node, default 8). DATA_DIR (default ~/data/gsm8k)
+# gets openai/gsm8k from the Hub on the first run (examples/gsm8k/preprocess.py; set GSM8K_LOCAL=/path for a local
+# copy of the dataset). Environment: N (rollout.n, the GRPO group size, default 64), SLOTS (samples decoded at once
+# per replica, 64), PYTHON. Everything after NGPUS is passed to Hydra and wins over the settings below.
+# On a CPU-only machine use run_grpo_cpu.sh (a tiny model, the offline sample, 2 steps through this same script).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+MODEL_PATH="${1:-Qwen/Qwen3-1.7B}"
+NGPUS="${2:-8}"
+shift $(( $# < 2 ? $# : 2 ))
+DATA_DIR="${DATA_DIR:-$HOME/data/gsm8k}"
+N="${N:-64}"
+SLOTS="${SLOTS:-64}"
+
+if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
+  "$PYTHON" "$ROOT/examples/gsm8k/preprocess.py" --local_save_dir "$DATA_DIR" \
+    ${GSM8K_LOCAL:+--local_dataset_path "$GSM8K_LOCAL"}
+fi
+
+exec "$PYTHON" -m verl.trainer.main_ppo \
+  --config-path "$ROOT/configs" --config-name infinite_grpo \
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
+  data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
+  data.train_batch_size=64 data.max_prompt_length=512 data.max_response_length=1024 \
+  data.filter_overlong_prompts=true data.truncation=error \
+  actor_rollout_ref.model.path="$MODEL_PATH" \
+  actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.model.enable_gradient_checkpointing=true \
+  actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 \
+  actor_rollout_ref.actor.optim.lr=1e-6 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 \
+  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 \
+  actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 \
+  actor_rollout_ref.rollout.name=infinite actor_rollout_ref.rollout.n="$N" \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+  actor_rollout_ref.rollout.custom.policy=infinite actor_rollout_ref.rollout.custom.slots="$SLOTS" \
+  trainer.logger='[console]' trainer.project_name=verl_infsample trainer.experiment_name=gsm8k_grpo \
+  trainer.nnodes=1 trainer.n_gpus_per_node="$NGPUS" \
+  trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=50 trainer.total_epochs=15 \
+  "$@"

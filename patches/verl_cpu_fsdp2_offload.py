@@ -1,0 +1,28 @@
+"""CPU runs (opt-in only): the FSDP2 engine asks for pinned host memory, which needs an accelerator.
+
+What: ``FSDPEngine._build_fsdp_module`` (``verl/workers/engine/fsdp/transformer_impl.py``) gives forward-only
+engines (the reference policy) and ``offload_policy`` engines ``CPUOffloadPolicy(pin_memory=True)``. Pinning fails on
+a machine without an accelerator ("Cannot access accelerator device when none is available"). The patch rebinds the
+module's global ``CPUOffloadPolicy`` to a factory that returns torch's ``CPUOffloadPolicy`` with
+``pin_memory=False``; the engine's code is otherwise untouched (the offload itself is kept, and is harmless when the
+compute device is the CPU).
+
+Why a patch: the argument is a literal in the method; no config key or platform method reaches it.
+"""
+
+TARGET = "verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module"
+# sha256 of the dedented source of the target in verl 0.9.1 (tests/test_cpu_platform.py checks it)
+VERL_SOURCE_SHA256 = "41da6c4ed82d496a178552d687d2b57533ec8d8ce8f350028dbb5fe4fbd6187d"
+
+
+def apply(module) -> None:
+    policy_cls = module.CPUOffloadPolicy
+    if getattr(policy_cls, "_infsample_cpu", False) or policy_cls is None:
+        return
+
+    def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class
+        return policy_cls(pin_memory=False, **kwargs)
+
+    CPUOffloadPolicy._infsample_cpu = True
+    CPUOffloadPolicy.__wrapped__ = policy_cls
+    module.CPUOffloadPolicy = CPUOffloadPolicy

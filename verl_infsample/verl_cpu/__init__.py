@@ -1,0 +1,131 @@
+"""verl on the CPU, opt-in: a CPU platform through verl's platform plugin API, plus the two smallest patches.
+
+Opt in with ``VERL_INFSAMPLE_CPU=1`` (which also selects ``VERL_PLATFORM=cpu``) or with ``VERL_PLATFORM=cpu``, in
+the environment of the driver (local Ray workers inherit it). ``verl_infsample.plugin`` (loaded by ``import verl``)
+then calls :func:`activate` in every process, before it registers the rollout backend. Without the opt-in nothing
+here runs: no platform is registered, no verl function is replaced, verl behaves as without the plugin.
+
+What :func:`activate` does:
+
+* registers :class:`~verl_infsample.verl_cpu.platform.PlatformCPU` as platform ``"cpu"``
+  (``PlatformRegistry.register``; verl's hook for new hardware);
+* registers verl's FSDP engines for device ``"cpu"`` (``EngineRegistry.register``; verl registers them for cuda and
+  npu only), once verl imports them;
+* applies the patches in ``<repo>/patches/verl_cpu_*.py`` (each says what it changes and why), each when verl
+  imports its target module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+ENV_OPT_IN = "VERL_INFSAMPLE_CPU"
+PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
+PATCH_GLOB = "verl_cpu_*.py"
+
+_active = False
+
+
+def opted_in(environ=None) -> bool:
+    env = os.environ if environ is None else environ
+    flag = env.get(ENV_OPT_IN, "").strip().lower() in ("1", "true", "yes", "on")
+    return flag or env.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+
+
+def load_patches() -> list[ModuleType]:
+    """The patch modules, loaded from their files (``patches/`` is not an installed package)."""
+    if not PATCHES_DIR.is_dir():
+        raise RuntimeError(f"{ENV_OPT_IN}: the CPU patches are not at {PATCHES_DIR}; run from a source checkout")
+    mods = []
+    for path in sorted(PATCHES_DIR.glob(PATCH_GLOB)):
+        name = f"verl_infsample_patches.{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return mods
+
+
+def resolve(target: str):
+    """``"pkg.module:Class.attr"`` -> (module, object)."""
+    module_name, _, qualname = target.partition(":")
+    module = importlib.import_module(module_name)
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return module, obj
+
+
+def source_sha256(obj) -> str:
+    """Fingerprint of a function's source (dedented); follows ``__wrapped__`` to verl's own function."""
+    while hasattr(obj, "__wrapped__"):
+        obj = obj.__wrapped__
+    return hashlib.sha256(textwrap.dedent(inspect.getsource(obj)).encode()).hexdigest()
+
+
+def _register_platform() -> None:
+    from verl.plugin.platform import PlatformRegistry, platform_manager
+
+    from .platform import PLATFORM_NAME, PlatformCPU
+
+    if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
+        PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    current = platform_manager._current_platform
+    if current is not None and not isinstance(current, PlatformCPU):  # resolved before we got here
+        platform_manager.set_platform(PlatformCPU())
+
+
+def _register_fsdp_engines(module) -> None:
+    from verl.workers.engine.base import EngineRegistry
+
+    for model_type, cls in (("language_model", module.FSDPEngineWithLMHead),
+                            ("value_model", module.FSDPEngineWithValueHead)):
+        registry = EngineRegistry._engines.get(model_type, {})
+        if all("cpu" in registry.get(b, {}) for b in ("fsdp", "fsdp2")):
+            continue
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(cls)
+
+
+def _applying(patch):
+    """``patch.apply(module)``, after checking that verl's patched code is still the code the patch was written for."""
+
+    def apply(module) -> None:
+        try:
+            _, target = resolve(patch.TARGET)
+            changed = source_sha256(target) != patch.VERL_SOURCE_SHA256
+        except (AttributeError, OSError, TypeError):
+            changed = True
+        if changed:
+            logger.warning("verl-infsample: %s changed since verl 0.9.1; the CPU patch %s may no longer fit it",
+                           patch.TARGET, Path(patch.__file__).name)
+        patch.apply(module)
+
+    return apply
+
+
+def activate() -> None:
+    """Make verl run on the CPU in this process (idempotent). Call only on opt-in."""
+    global _active
+    if _active:
+        return
+    os.environ.setdefault("VERL_PLATFORM", "cpu")
+    if os.environ["VERL_PLATFORM"].strip().lower() != "cpu":
+        raise RuntimeError(f"{ENV_OPT_IN}=1 but VERL_PLATFORM={os.environ['VERL_PLATFORM']!r}: unset one of them")
+    from ..import_hooks import when_imported
+
+    _register_platform()
+    for patch in load_patches():
+        when_imported(patch.TARGET.partition(":")[0], _applying(patch))
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _register_fsdp_engines)
+    _active = True
+    logger.info("verl-infsample: verl runs on the CPU (platform 'cpu', patches from %s)", PATCHES_DIR)
