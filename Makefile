@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 VERL_VERSION := 0.9.1
 
-.PHONY: setup demo test clean-venv
+.PHONY: setup demo bench test clean-venv
 
 setup: $(STAMP)
 
@@ -19,7 +19,12 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 
+# The main job: verl's trainer, 2 GRPO steps of the tiny model on generated puzzles, rollout.name=infinite, n=32.
 demo: setup
+	bash examples/logic_puzzles/run_grpo_cpu.sh
+
+# The engine benchmark (every policy next to HF generate) and the simulator on the paper's settings.
+bench: setup
 	$(BIN)/python -m verl_infsample.demo
 
 test: setup

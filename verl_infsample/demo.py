@@ -1,6 +1,4 @@
-"""``make demo``: the main job on the embedded default.
-
-Until verl's trainer runs end to end on CPU (issue 5), this is:
+"""``make bench``: the engine benchmark and the simulator on the paper's settings.
 
 1. ``infsample bench-engine`` on the project's tiny Qwen3 checkpoint (built offline on first use): 4 prompts,
    G=64 samples each, M=8 slots, 128 new tokens; every policy on the real engine next to HF ``generate``;
