@@ -107,8 +107,8 @@ def test_cpu_platform_runs_verls_device_layer_and_a_gloo_group():
         }))
         dist.destroy_process_group()
     """, VERL_INFSAMPLE_CPU="1", RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    assert out == {"device": "cpu", "backend": "gloo", "device_id": "cpu", "resource": "GPU", "dist_backend": "cpu:gloo",
-                   "sum": [1.0, 1.0, 1.0], "tensor_device": "cpu", "pin_memory": False, "policy": "CPUOffloadPolicy",
+    assert out == {"device": "cpu", "backend": "gloo", "device_id": "cpu", "resource": "GPU",
+                   "dist_backend": "cpu:gloo", "sum": [1.0, 1.0, 1.0], "tensor_device": "cpu", "pin_memory": False, "policy": "CPUOffloadPolicy",
                    "mem": [0, 0, None], "engine": "FSDPEngineWithLMHead"}
 
 
