@@ -158,7 +158,8 @@ class InfiniteServer:
             self.last_rollout_metrics = {
                 "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
                 "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
-                "infsample/samples": len(batch), "infsample/wall_s": res.wall_s}
+                "infsample/samples": len(batch), "infsample/wall_s": res.wall_s,
+                "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
             with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
                 self._step_metrics = merge_rollout_metrics(
                     [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
@@ -236,7 +237,7 @@ class InfiniteServer:
 # How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
 # steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
 _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens")
-_SEQUENTIAL = ("infsample/decode_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
+_SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes",)
 
 
@@ -253,6 +254,18 @@ def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
     if parallel and metrics:
         out["infsample/replicas"] = len(metrics)
     return out
+
+
+def _lower_bound_steps(res, capacity) -> int:
+    """No schedule decodes this batch in fewer steps: max(longest sample, ceil(tokens / M)); under a KV budget,
+    the longest sample (the budget's own bound needs the prompts: see ``engines.simulated``)."""
+    from ..core.capacity import SlotPool
+
+    lengths = [len(o.token_ids) for group in res.outputs for o in group]
+    longest = max(lengths, default=0)
+    if isinstance(capacity, SlotPool):
+        return max(longest, -(-sum(lengths) // capacity.slots))
+    return longest
 
 
 def _prompt_key(prompt: tuple) -> str:
