@@ -63,7 +63,7 @@ def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,  # never join another cluster
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
