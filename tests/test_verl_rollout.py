@@ -81,7 +81,8 @@ async def _serve_and_generate(cfg, prompts, n, *, session_ids: bool):
                                  **({"session_id": i} if session_ids else {}))
                  for p, prompt in enumerate(prompts) for i in range(n)]
         outs = await asyncio.gather(*calls)
-        metrics = ray.get(mgr.get_replicas()[0].servers[0].get_metrics.remote())
+        # merged over every batch: under load the arrivals can pause and split the requests into several batches
+        metrics = ray.get(mgr.get_replicas()[0].servers[0].pop_step_metrics.remote())
     finally:
         for replica in mgr.get_replicas():
             for server in replica.servers:
