@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from .cli import format_table
+from .cli import _progress, format_table
 from .core.capacity import KVBudget, SlotPool
 from .core.policies import POLICIES
 from .core.predictor import make_predictor
@@ -146,9 +146,3 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
             identical_to_full=run.outputs == reference, sched_overhead=None, prefill_passes=None, preemptions=None))
         timelines[name] = run.kv_timeline
     return rows, timelines
-
-
-def _progress(items, desc):
-    from .cli import _progress as progress
-
-    return progress(items, desc)

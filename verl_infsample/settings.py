@@ -80,13 +80,19 @@ class InfiniteRolloutSettings:
             raise bad("threads", "must be >= 1")
 
 
+def config_value(cfg, key: str, default=None):
+    """``cfg[key]`` from any of verl's config objects (a DictConfig or a dataclass such as ``RolloutConfig``);
+    ``default`` when it is absent or None."""
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
 def settings_from_rollout(rollout) -> InfiniteRolloutSettings:
     """From verl's rollout config (a DictConfig or ``RolloutConfig``)."""
-    custom = rollout.get("custom") if hasattr(rollout, "get") else getattr(rollout, "custom", None)
+    custom = config_value(rollout, "custom")
     if custom is not None and type(custom).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         custom = OmegaConf.to_container(custom, resolve=True)
-    get = (lambda k: rollout.get(k)) if hasattr(rollout, "get") else (lambda k: getattr(rollout, k, None))
-    return InfiniteRolloutSettings.from_custom(custom, prompt_length=get("prompt_length"),
-                                               response_length=get("response_length"))
+    return InfiniteRolloutSettings.from_custom(custom, prompt_length=config_value(rollout, "prompt_length"),
+                                               response_length=config_value(rollout, "response_length"))
