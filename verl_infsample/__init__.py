@@ -1,15 +1,18 @@
 """verl-infsample: Infinite Sampling for verl. GRPO's group size, decoupled from GPU memory.
 
 ``register()`` puts the rollout backend ``infinite`` into verl's registries; verl calls it through the
-``verl.plugins`` entry point, and user code may call it too (it is idempotent).
+``verl.plugins`` entry point, and user code may call it too (it is idempotent). ``router_config_path()`` names the
+group-affinity router's yaml for ``actor_rollout_ref.rollout.router_config_path``.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 __version__ = "0.1.0"
-__all__ = ["register", "__version__"]
+__all__ = ["register", "router_config_path", "__version__"]
+ROUTERS = {"group_affinity": "verl_rollout/group_affinity_router.yaml"}
 
 logger = logging.getLogger(__name__)
 _registered = False
@@ -34,6 +37,10 @@ def register() -> None:
         return InfiniteReplica
 
     RolloutReplicaRegistry.register("infinite", load_replica)
+    from omegaconf import OmegaConf
+
+    # configs/infinite_grpo.yaml: router_config_path: ${infsample.router_config:group_affinity}
+    OmegaConf.register_new_resolver("infsample.router_config", router_config_path, replace=True)
     # trainer.v1.trainer_mode=infinite_sync (verl_balance): registered in whichever process imports verl's V1
     # trainers (the TaskRunner actor), when it does, so no other process pays for that import.
     from .import_hooks import when_imported
@@ -43,6 +50,14 @@ def register() -> None:
         verl_config.validate_config = _validating(verl_config.validate_config)
     _registered = True
     logger.info("verl-infsample %s registered rollout backend 'infinite'", __version__)
+
+
+def router_config_path(name: str = "group_affinity") -> str:
+    """Absolute path of a router yaml shipped with the package, for ``actor_rollout_ref.rollout.router_config_path``
+    (verl's router hook; ``group_affinity``: ``verl_rollout.router.GroupAffinityRouter``)."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
+    return str(Path(__file__).resolve().parent / ROUTERS[name])
 
 
 def _register_trainer_mode(_v1_module) -> None:
@@ -64,9 +79,24 @@ def _validating(validate_config):
             from .settings import settings_from_rollout
 
             settings_from_rollout(rollout)
+            if rollout.get("router_config_path"):
+                _check_router_config(rollout.router_config_path)
         return validate_config(config, *args, **kwargs)
 
     validate._infsample = True
     validate.__wrapped__ = validate_config
     validate.__doc__ = validate_config.__doc__
     return validate
+
+
+def _check_router_config(path: str) -> None:
+    """Our router's yaml keys, before Ray starts (another router class is verl's or its author's business)."""
+    from omegaconf import OmegaConf
+
+    from verl.utils.import_utils import resolve_config_path
+
+    config = OmegaConf.to_container(OmegaConf.load(resolve_config_path(path)), resolve=True)
+    if config.get("router_class") == "verl_infsample.verl_rollout.router.GroupAffinityRouter":
+        from .verl_rollout.router import GroupAffinityConfig
+
+        GroupAffinityConfig.from_yaml(config, source=f"actor_rollout_ref.rollout.router_config_path={path}")

@@ -4,6 +4,10 @@ verl's agent loop sends a prompt's n samples as n separate ``generate`` calls. T
 that arrive within a short window, recognises a group by its prompt tokens (one prompt KV for all its samples),
 and plans the whole batch with the Infinite Sampling scheduler on ``TransformersEngine``. Every request gets exactly
 one ``TokenOutput``; if the rollout fails, every request of the batch fails with it.
+
+``abort_all_requests`` / ``resume_generation`` follow verl's vLLM server: abort closes a gate, returns queued
+requests with stop_reason "aborted", stops the decoding batch at its next step (unfinished samples return their tokens
+so far, "aborted") and returns only once nothing decodes, so new weights can be loaded safely.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import asyncio
 import hashlib
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
+FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
 
 
 @dataclass
@@ -62,6 +68,12 @@ class InfiniteServer:
         self._step_metrics: dict = {}  # merged over the batches since the last pop_step_metrics()
         self._metrics_lock = threading.Lock()
         self._predictor = None  # history learns across steps
+        self._paused = False  # abort_all_requests closes the gate, resume_generation opens it
+        self._rejecting = False  # behind a closed gate: return "aborted" at once (True) or wait for the resume
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._abort = threading.Event()  # the decoding batch stops at its next step
+        self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
         logger.info("InfiniteServer %d ready: %s on %s", replica_rank, path, self.settings)
 
     # --- the request path ----------------------------------------------------------------------------------------
@@ -71,7 +83,7 @@ class InfiniteServer:
 
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
-        prompt_ids = list(prompt_ids)
+        prompt_ids = [int(t) for t in prompt_ids]
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         if sampling_params.get("max_tokens") is not None:
             budget = min(budget, int(sampling_params["max_tokens"]))
@@ -80,6 +92,11 @@ class InfiniteServer:
                              f"(rollout.prompt_length={self.prompt_length}, response_length={self.response_length})")
         if float(sampling_params.get("repetition_penalty", 1.0) or 1.0) != 1.0:
             raise NotImplementedError("rollout.repetition_penalty != 1 is not supported by the infinite rollout")
+        while self._paused:  # behind the gate abort_all_requests closed, as verl's vLLM server
+            if self._rejecting:
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
+                                   extra_fields={"global_steps": self.global_steps})
+            await self._resumed.wait()
         session = kwargs.get("session_id")
         req = _Request(request_id=request_id, prompt_ids=prompt_ids,
                        temperature=float(sampling_params.get("temperature", 1.0)),
@@ -103,6 +120,8 @@ class InfiniteServer:
                 seen = len(self._pending)
                 await asyncio.sleep(self.settings.batch_window_ms / 1000)
             batch, self._pending = self._pending, []
+            if not batch:  # abort_all_requests took them
+                continue
             async with self._lock:
                 try:
                     results = await asyncio.to_thread(self._rollout, batch)
@@ -132,7 +151,7 @@ class InfiniteServer:
             prompts, ids, members = [], [], []
             for key in keys:
                 reqs = groups[key]
-                prompt_key = _prompt_key(key[0])
+                key_of_prompt = prompt_key(key[0])
                 indices = []
                 for r in reqs:  # the sample index keys its random stream: session id, else arrival order
                     if r.session_id is not None:
@@ -142,7 +161,7 @@ class InfiniteServer:
                         self._issued[key] = indices[-1] + 1
                 members.append((reqs, indices))
                 prompts.append(list(key[0]))
-                ids.append(f"{prompt_key}@{self.global_steps}")
+                ids.append(f"{key_of_prompt}@{self.global_steps}")
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
                                     stop_token_ids=self.stop_ids, seed=self.seed)
             capacity = (KVBudget(self.settings.kv_budget) if self.settings.kv_budget
@@ -152,9 +171,16 @@ class InfiniteServer:
             for reqs, indices in members:
                 if len(set(indices)) != len(indices):
                     raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
-            res = self.engine.rollout(prompts, [len(ix) for _, ix in members], params, policy=self.settings.policy,
-                                      capacity=capacity, predictor=self._predictor, prompt_ids=ids,
-                                      stream_indices=[ix for _, ix in members], fptas_eps=self.settings.fptas_eps)
+            try:
+                if self._abort.is_set():
+                    raise RolloutAborted(None)
+                res = self.engine.rollout(prompts, [len(ix) for _, ix in members], params,
+                                          policy=self.settings.policy, capacity=capacity, predictor=self._predictor,
+                                          prompt_ids=ids, stream_indices=[ix for _, ix in members],
+                                          fptas_eps=self.settings.fptas_eps, on_step=self._stop_if_aborted)
+            except RolloutAborted as stop:
+                results.update(_aborted_results(members, stop.sched))
+                continue
             self.last_rollout_metrics = {
                 "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
                 "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
@@ -164,10 +190,16 @@ class InfiniteServer:
                 self._step_metrics = merge_rollout_metrics(
                     [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
                                           "infsample/total_tokens": res.total_tokens}], parallel=False)
-            for (reqs, _), outs in zip(members, res.outputs):
+            for (reqs, _), outs, key in zip(members, res.outputs, keys):
                 for r, o in zip(reqs, outs):
                     results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
+                    self._finished_lengths.append((prompt_key(key[0]), len(o.token_ids)))
         return [results[r.request_id] for r in batch]
+
+    def _stop_if_aborted(self, sched) -> None:
+        """Called by the engine after every decode step (in the rollout thread)."""
+        if self._abort.is_set():
+            raise RolloutAborted(sched)
 
     # --- verl's lifecycle calls ----------------------------------------------------------------------------------
     async def wake_up(self, tags=None):
@@ -190,16 +222,32 @@ class InfiniteServer:
         self._issued.clear()  # a new step: sample indices start again at 0 (with a new random key)
 
     async def abort_all_requests(self, reject_request: bool = False):
-        """Requests not yet planned return at once with stop_reason "aborted" and no tokens (as verl's vLLM server
-        does); a batch already decoding runs to its end."""
-        aborted, self._pending = self._pending, []
-        for r in aborted:
+        """As verl's vLLM server: close the gate (later requests wait for ``resume_generation``, or return "aborted"
+        at once with ``reject_request``), return queued requests "aborted" with no tokens, and stop the decoding
+        batch at its next step (finished samples "completed", the others their tokens so far, "aborted"). Returns
+        once nothing decodes."""
+        self._paused, self._rejecting = True, reject_request
+        self._resumed.clear()
+        queued, self._pending = self._pending, []
+        for r in queued:
             if not r.future.done():
-                r.future.set_result(([], None, 0, "aborted"))
-        return {"aborted_count": len(aborted), "request_ids": [r.request_id for r in aborted]}
+                r.future.set_result(([], [], 0, "aborted"))
+        self._abort.set()
+        async with self._lock:  # taken once the decoding batch (if any) has stopped and answered its requests
+            self._abort.clear()
+        return {"aborted_count": len(queued), "request_ids": [r.request_id for r in queued]}
 
     async def resume_generation(self):
+        self._paused = self._rejecting = False
+        self._resumed.set()
         return True
+
+    async def pop_finished_lengths(self) -> list[tuple[str, int]]:
+        """(``prompt_key``, response length) of every sample finished since the last call: how the group-affinity
+        router (``router.GroupAffinityRouter``) learns lengths. The newest ``FINISHED_LENGTHS_KEPT`` are kept."""
+        lengths = list(self._finished_lengths)
+        self._finished_lengths.clear()
+        return lengths
 
     async def start_profile(self, **kwargs):
         return None
@@ -268,8 +316,34 @@ def _lower_bound_steps(res, capacity) -> int:
     return longest
 
 
-def _prompt_key(prompt: tuple) -> str:
-    return hashlib.blake2b(repr(prompt).encode(), digest_size=8).hexdigest()
+class RolloutAborted(Exception):
+    """Raised in the rollout thread once ``abort_all_requests`` asks; carries the scheduler (None: never started)."""
+
+    def __init__(self, sched):
+        super().__init__("rollout aborted by abort_all_requests")
+        self.sched = sched
+
+
+def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
+    """Every request of an aborted engine rollout: its tokens so far, "completed" if its sample had finished."""
+    by_group: dict[int, list] = {}
+    for s in sorted(sched.samples, key=lambda s: s.key) if sched is not None else []:
+        by_group.setdefault(s.group, []).append(s)
+    results = {}
+    for g, (reqs, _) in enumerate(members):
+        samples = by_group.get(g, [None] * len(reqs))
+        for r, s in zip(reqs, samples):
+            if s is None:
+                results[r.request_id] = ([], [], 0, "aborted")
+            else:
+                results[r.request_id] = (list(s.payload.get("tokens", [])), list(s.payload.get("logprobs", [])),
+                                         s.preemptions, "completed" if "finish" in s.payload else "aborted")
+    return results
+
+
+def prompt_key(prompt_ids) -> str:
+    """A group's identity: a short hash of its prompt tokens (the server and the router compute the same one)."""
+    return hashlib.blake2b(repr(tuple(int(t) for t in prompt_ids)).encode(), digest_size=8).hexdigest()
 
 
 def _get(cfg, key, default=None):

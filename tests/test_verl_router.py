@@ -1,0 +1,273 @@
+"""The group-affinity router, aborts and sleep/wake_up, through verl's real parts: Ray local, two ``InfiniteReplica``
+servers started by verl's ``LLMServerManager``, verl's ``LLMServerClient`` and its default router next to ours."""
+
+import asyncio
+import time
+
+import pytest
+from test_verl_rollout import compose, ray_local  # noqa: F401 - ray_local is a fixture (Ray started locally)
+
+import verl_infsample
+
+# Groups of different sizes (verl's per-prompt __rollout_n__) and lengths (the tiny model's answer length follows the
+# prompt), largest groups first.
+GROUP_SIZES = [6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1]
+SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=True)
+GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
+
+
+def test_infinite_grpo_presets_the_group_affinity_router():
+    import yaml
+
+    cfg = compose()
+    path = cfg.actor_rollout_ref.rollout.router_config_path
+    assert path == verl_infsample.router_config_path()
+    with open(path) as f:
+        assert yaml.safe_load(f)["router_class"] == "verl_infsample.verl_rollout.router.GroupAffinityRouter"
+
+
+def test_a_bad_router_key_fails_in_verls_validate_config_before_ray(tmp_path):
+    import ray
+    import verl.utils.config as verl_config
+
+    bad = tmp_path / "router.yaml"
+    bad.write_text("router_class: verl_infsample.verl_rollout.router.GroupAffinityRouter\nlength_refresh: 1\n")
+    cfg = compose(f"actor_rollout_ref.rollout.router_config_path={bad}")
+    with pytest.raises(ValueError, match=f"router_config_path={bad}: unknown key 'length_refresh'"):
+        verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def router_prompts(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from verl_infsample.models.tiny import default_prompts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for t in default_prompts(len(GROUP_SIZES), seed=777)]
+
+
+@pytest.fixture(scope="module")
+def two_replicas(ray_local, tiny_model_dir):
+    """verl's LLMServerManager with 2 replicas (rollout.n_gpus_per_node=2, tp=1) behind the router that
+    configs/infinite_grpo.yaml presets."""
+    import ray
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                  "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=32",
+                  "actor_rollout_ref.rollout.prompt_length=64", "actor_rollout_ref.rollout.custom.slots=4",
+                  "actor_rollout_ref.rollout.custom.threads=1", "actor_rollout_ref.rollout.custom.batch_window_ms=100")
+    mgr = LLMServerManager.create(config=cfg, worker_group=None)
+    servers = [replica.servers[0] for replica in mgr.get_replicas()]
+    ray.get([s.get_metrics.remote() for s in servers])  # both models loaded
+    yield cfg, mgr, servers
+    for s in servers:
+        ray.kill(s)
+    ray.kill(mgr.global_load_balancer)
+
+
+def _routes(router) -> dict:
+    """request id -> replica, read off the router actor (verl's sticky-session cache, which both routers fill)."""
+    import ray
+
+    return ray.get(router.__ray_call__.remote(lambda lb: dict(lb._request_id_to_server)))
+
+
+async def _send_groups(client, prompts, sizes, tag, params=SAMPLING, finished_at: dict | None = None):
+    """Every group's requests at once (as verl's agent loop sends them), in group order; ``finished_at`` collects
+    when each request's TokenOutput came back."""
+
+    async def one(request_id, prompt, i):
+        out = await client.generate(request_id=request_id, prompt_ids=prompt, sampling_params=dict(params),
+                                    session_id=i)
+        if finished_at is not None:
+            finished_at[request_id] = time.monotonic()
+        return out
+
+    return await asyncio.gather(*[one(f"{tag}-p{p}-s{i}", prompt, i)
+                                  for p, prompt in enumerate(prompts) for i in range(sizes[p])])
+
+
+def _one_round(client, router, servers, prompts, tag) -> dict:
+    """Every group once through ``client``; what each replica decoded (verl's client sees one TokenOutput a request)."""
+    import ray
+
+    finished_at: dict[str, float] = {}
+    outs = asyncio.run(_send_groups(client, prompts, GROUP_SIZES, tag, finished_at=finished_at))
+    assert len(outs) == sum(GROUP_SIZES) and all(o.stop_reason == "completed" for o in outs)
+    metrics = ray.get([s.pop_step_metrics.remote() for s in servers])
+    routes = _routes(router)
+    groups_on = [{routes[f"{tag}-p{p}-s{i}"] for i in range(n)} for p, n in enumerate(GROUP_SIZES)]
+    tokens = [m["infsample/total_tokens"] for m in metrics]
+    steps = [m["infsample/decode_steps"] for m in metrics]
+    finish = {}  # per replica: when its last request came back
+    for request_id, t in finished_at.items():
+        finish[routes[request_id]] = max(finish.get(routes[request_id], t), t)
+    return dict(outs=outs, split_groups=sum(len(s) > 1 for s in groups_on), tokens=tokens, steps=steps,
+                token_spread=max(tokens) - min(tokens), step_spread=max(steps) - min(steps),
+                finish_spread_s=max(finish.values()) - min(finish.values()) if len(finish) == 2 else float("nan"),
+                batches=[m["infsample/batches"] for m in metrics])
+
+
+@pytest.mark.timeout(600)
+def test_group_affinity_router_keeps_groups_whole_and_balances_predicted_tokens(two_replicas, router_prompts):
+    """Same requests, same seeds (a sample's tokens do not depend on its replica), routed by verl's default router
+    (least requests in flight) and by ours, once its history predictor has seen the groups (GRPO's next epoch; at
+    the same step the tokens repeat, so its predictions are exact): ours keeps every group on one replica and its
+    replicas decode closer to the same number of tokens. The default router's tie-breaks are random: it runs 6 times."""
+    import ray
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    cfg, mgr, servers = two_replicas
+    ours = mgr.global_load_balancer
+    default = get_router_handle(dict(zip(mgr.server_addresses, mgr.server_handles)))  # what verl builds by default
+    ours_client, default_client = mgr.get_client(), LLMServerClient(cfg, load_balancer_handle=default)
+    try:  # ours first (it knows no length yet), then verl's, ours again (it has learned them), then verl's again
+        cold = _one_round(ours_client, ours, servers, router_prompts, "cold")
+        verl = [_one_round(default_client, default, servers, router_prompts, f"default{r}") for r in range(3)]
+        deadline = time.monotonic() + 30
+        while ray.get(ours.get_status.remote())["lengths_learned"] < (len(verl) + 1) * sum(GROUP_SIZES):
+            assert time.monotonic() < deadline, "the router never collected the servers' lengths"
+            time.sleep(0.05)
+        warm = _one_round(ours_client, ours, servers, router_prompts, "warm")
+        verl += [_one_round(default_client, default, servers, router_prompts, f"default{r}") for r in range(3, 6)]
+    finally:
+        ray.kill(default)
+    assert [o.token_ids for o in warm["outs"]] == [o.token_ids for o in verl[0]["outs"]]  # same work every round
+    assert cold["split_groups"] == warm["split_groups"] == 0
+    assert all(v["split_groups"] > 0 for v in verl)  # verl's default spreads groups over both replicas
+    group_tokens = []
+    for p, n in enumerate(GROUP_SIZES):
+        first = sum(GROUP_SIZES[:p])
+        group_tokens.append(sum(len(o.token_ids) for o in warm["outs"][first:first + n]))
+    # greedy placement by exact group sizes: the replicas end at most one group apart
+    assert warm["token_spread"] <= max(group_tokens)
+    mean_default = sum(v["token_spread"] for v in verl) / len(verl)
+    assert warm["token_spread"] <= mean_default
+    print(f"\nper-replica decoded tokens: ours (warm) {warm['tokens']} spread {warm['token_spread']}; "
+          f"ours (cold) {cold['tokens']} spread {cold['token_spread']}; "
+          f"verl default {[v['tokens'] for v in verl]} mean spread {mean_default:.1f}")
+    print(f"decode-step spread: ours (warm) {warm['step_spread']}, cold {cold['step_spread']}, verl default "
+          f"{[v['step_spread'] for v in verl]}; finish-time spread (s): ours (warm) {warm['finish_spread_s']:.2f}, "
+          f"verl default {[round(v['finish_spread_s'], 2) for v in verl]}; server batches: ours (warm) "
+          f"{warm['batches']}, verl default {[v['batches'] for v in verl]}")
+
+
+def _decoding(server) -> bool:
+    import ray
+
+    return ray.get(server.__ray_call__.remote(lambda srv: srv._lock.locked()))
+
+
+@pytest.mark.timeout(600)
+def test_abort_all_requests_mid_decode_then_resume(two_replicas, router_prompts):
+    """verl's weight-sync sequence (checkpoint_engine: abort_replicas -> update -> resume_generation_replicas) while
+    requests decode: every request gets exactly one TokenOutput, "completed" or "aborted" with the tokens it had
+    (a prefix of what it decodes undisturbed), abort returns only once nothing decodes, requests sent meanwhile wait
+    for the resume (or return "aborted" at once with reject_request), and after the resume requests work again."""
+    cfg, mgr, servers = two_replicas
+    replicas = mgr.get_replicas()
+    sizes = [16, 16, 16]
+    prompts = router_prompts[:3]
+
+    async def scenario():
+        client = mgr.get_client()
+        undisturbed = await _send_groups(client, prompts, sizes, "ref")
+        inflight = asyncio.ensure_future(_send_groups(client, prompts, sizes, "abort"))
+        deadline = time.monotonic() + 60
+        while not any(_decoding(s) for s in servers):
+            assert time.monotonic() < deadline and not inflight.done(), "the requests never started decoding"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        await asyncio.gather(*[r.abort_all_requests() for r in replicas])
+        assert not any(_decoding(s) for s in servers)  # safe to load new weights now
+        aborted = await asyncio.wait_for(inflight, 60)
+        parked = asyncio.ensure_future(_send_groups(client, prompts[:1], [2], "parked"))
+        await asyncio.sleep(0.5)
+        assert not parked.done()  # behind the closed gate until the resume
+        await asyncio.gather(*[r.resume_generation() for r in replicas])
+        after_resume = await asyncio.wait_for(parked, 60)
+        await asyncio.gather(*[r.abort_all_requests(reject_request=True) for r in replicas])
+        rejected = await asyncio.wait_for(_send_groups(client, prompts[:1], [2], "rejected"), 10)
+        await asyncio.gather(*[r.resume_generation() for r in replicas])
+        return undisturbed, aborted, after_resume, rejected
+
+    undisturbed, aborted, after_resume, rejected = asyncio.run(scenario())
+    assert len(aborted) == sum(sizes)
+    reasons = [o.stop_reason for o in aborted]
+    assert set(reasons) <= {"completed", "aborted"}
+    assert any(o.stop_reason == "aborted" and o.token_ids for o in aborted)  # stopped mid-decode, tokens kept
+    for full, out in zip(undisturbed, aborted):
+        if out.stop_reason == "completed":
+            assert out.token_ids == full.token_ids
+        else:
+            assert out.token_ids == full.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(full.token_ids)
+            assert len(out.log_probs) == len(out.token_ids)
+    assert [o.token_ids for o in after_resume] == [o.token_ids for o in undisturbed[:2]]
+    assert all(o.stop_reason == "completed" for o in after_resume)
+    assert [(o.stop_reason, o.token_ids) for o in rejected] == [("aborted", []), ("aborted", [])]
+    print(f"\nabort mid-decode: {reasons.count('completed')} completed, {reasons.count('aborted')} aborted "
+          f"(mean {sum(len(o.token_ids) for o in aborted if o.stop_reason == 'aborted') / reasons.count('aborted'):.1f}"
+          " tokens kept)")
+
+
+@pytest.mark.timeout(600)
+def test_sleep_and_wake_up_keep_the_model(two_replicas, router_prompts):
+    """verl's replica.sleep() / wake_up() (and the worker adapter's release / resume with tags) between steps: the
+    server decodes the same afterwards (the model stays loaded; the paged KV is empty between batches)."""
+    import ray
+
+    cfg, mgr, servers = two_replicas
+
+    async def scenario():
+        client = mgr.get_client()
+        before = await _send_groups(client, router_prompts[:4], [1] * 4, "before-sleep", GREEDY)
+        for replica in mgr.get_replicas():
+            await replica.sleep()
+            await replica.release_kv_cache()
+            await replica.resume_kv_cache()
+            await replica.wake_up()
+            await replica.clear_kv_cache()
+        for s in servers:  # the adapter's resume(tags) path
+            await s.wake_up.remote(tags=["weights"])
+            await s.wake_up.remote(tags=["kv_cache"])
+        after = await _send_groups(client, router_prompts[:4], [1] * 4, "after-sleep", GREEDY)
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert [o.token_ids for o in before] == [o.token_ids for o in after]
+    assert all(o.stop_reason == "completed" and o.token_ids for o in after)
+    assert ray.get(mgr.global_load_balancer.get_total_inflight.remote()) == 0
+
+
+@pytest.mark.timeout(600)
+def test_fully_async_client_carries_aborted_requests_over_the_resume(two_replicas, router_prompts):
+    """verl's partial rollout: its FullyAsyncLLMServerClient resends an aborted request (prompt + tokens so far) until
+    it completes; the resent requests wait behind the gate and finish after the resume, none lost or cut short."""
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    cfg, mgr, servers = two_replicas
+    replicas = mgr.get_replicas()
+    sizes = [8, 8]
+
+    async def scenario():
+        client = FullyAsyncLLMServerClient(cfg, load_balancer_handle=mgr.global_load_balancer)
+        inflight = asyncio.ensure_future(_send_groups(client, router_prompts[:2], sizes, "partial"))
+        deadline = time.monotonic() + 60
+        while not any(_decoding(s) for s in servers):
+            assert time.monotonic() < deadline and not inflight.done(), "the requests never started decoding"
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*[r.abort_all_requests() for r in replicas])
+        await asyncio.sleep(1.5)  # the client retries after 1 s: its resent requests wait at the closed gate
+        assert not inflight.done()
+        await asyncio.gather(*[r.resume_generation() for r in replicas])
+        return await asyncio.wait_for(inflight, 60)
+
+    outs = asyncio.run(scenario())
+    assert len(outs) == sum(sizes)
+    assert all(o.stop_reason in ("completed", "length") and 1 <= len(o.token_ids) <= 32 for o in outs)
+    assert all(len(o.log_probs) == len(o.token_ids) for o in outs)

@@ -1,0 +1,186 @@
+"""``GroupAffinityRouter``: verl's load balancer, but a GRPO group stays on one replica and groups go by predicted work.
+
+verl's default router (``GlobalRequestLoadBalancer``) sends each request to the replica with the fewest requests in
+flight, so the n samples of a prompt spread over every replica: each replica prefills the prompt again and plans
+only its share of the group, and the counts it balances say nothing about how long the responses will be.
+
+This router (selected by ``rollout.router_config_path``, see ``verl_infsample.router_config_path()``):
+
+- keeps every request of a group (same ``prompt_ids``) on the replica its first request went to, for as long as
+  the group has requests in flight; a request id seen before still goes where it went (verl's sticky sessions);
+- sends a new group to the replica with the least *predicted outstanding work*: the sum of the predicted lengths
+  of its requests in flight (a group of G samples weighs G x its predicted length), greedy list scheduling, so the
+  replicas finish together rather than hold the same number of requests;
+- predicts a request's length with the core's ``history`` predictor (per-prompt mean of earlier responses, else
+  the mean of all, else the same weight for every request: then it balances requests, group by group).
+
+How it learns lengths: ``release_server`` only gets a request id, so the router asks the servers instead. Each
+``InfiniteServer`` keeps the (prompt key, length) of the samples it finished; the router asks for them
+(``pop_finished_lengths``) at most once every ``length_refresh_s`` seconds and takes the answers in on a later call,
+never waiting for them (a wait in ``acquire_server`` would pace the arrivals and split the servers' batches). Behind
+servers without that method (another backend) it routes on group affinity and request counts alone.
+
+verl builds it as a Ray actor: ``ray.remote(GroupAffinityRouter).remote(servers, yaml_config)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import ray
+from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
+
+from ..core.predictor import HistoryPredictor
+from ..core.sample import Group, Sample
+from .server import prompt_key
+
+logger = logging.getLogger(__name__)
+
+
+class RouterConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GroupAffinityConfig:
+    """The router yaml's keys (besides verl's ``router_class``)."""
+
+    length_refresh_s: float = 1.0  # collect finished lengths from the servers at most this often
+    max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE  # request ids remembered for sticky sessions
+
+    @classmethod
+    def from_yaml(cls, config: dict | None, source: str = "router config") -> "GroupAffinityConfig":
+        config = {k: v for k, v in (config or {}).items() if k != "router_class"}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise RouterConfigError(f"{source}: unknown key {unknown[0]!r}; known keys: router_class, "
+                                    f"{', '.join(sorted(known))}")
+        c = cls(**config)
+        if not isinstance(c.length_refresh_s, (int, float)) or c.length_refresh_s < 0:
+            raise RouterConfigError(f"{source}: length_refresh_s={c.length_refresh_s!r} must be a number >= 0")
+        if not isinstance(c.max_cache_size, int) or c.max_cache_size < 1:
+            raise RouterConfigError(f"{source}: max_cache_size={c.max_cache_size!r} must be an integer >= 1")
+        return c
+
+
+@dataclass
+class _Routed:
+    """A request in flight: its group and the work it was booked for."""
+
+    group: str
+    server_id: str
+    predicted_tokens: float
+
+
+class GroupAffinityRouter(GlobalRequestLoadBalancer):
+    def __init__(self, servers: dict[str, Any], config: dict | None = None):
+        self.config = GroupAffinityConfig.from_yaml(config)
+        super().__init__(servers, max_cache_size=self.config.max_cache_size)
+        self._predicted_work: dict[str, float] = {sid: 0.0 for sid in servers}  # tokens booked, per replica
+        self._group_server: dict[str, str] = {}  # groups with requests in flight -> their replica
+        self._group_inflight: dict[str, int] = {}
+        self._routed: dict[str, list[_Routed]] = {}  # request id -> its acquisitions in flight
+        self._lengths = HistoryPredictor(max_len=1)  # no information: every request weighs the same
+        self._learns_lengths = True
+        self._lengths_asked: list[ray.ObjectRef] = []  # pop_finished_lengths calls not answered yet
+        self._last_ask = float("-inf")
+        self.lengths_learned = 0
+
+    # --- verl's RequestLoadBalancer protocol -----------------------------------------------------------------------
+    def require_acquire_fields(self) -> list[str]:
+        return ["prompt_ids"]
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
+
+    def acquire_server(self, request_id: str, prompt_ids=None, **_) -> tuple[str, ray.actor.ActorHandle]:
+        if prompt_ids is None:  # a caller that does not send prompts: verl's least-in-flight
+            return super().acquire_server(request_id)
+        if not self._servers:
+            raise RuntimeError("No available servers in load balancer")
+        group = prompt_key(prompt_ids)
+        server_id = self._request_id_to_server.get(request_id)
+        if server_id not in self._servers:
+            server_id = self._group_server.get(group)
+        if server_id not in self._servers:
+            server_id = self._least_predicted_work()
+        predicted = self._predict(group, len(prompt_ids))
+        self._request_id_to_server[request_id] = server_id
+        self._inflight_requests[server_id] += 1
+        self._predicted_work[server_id] += predicted
+        self._group_server[group] = server_id
+        self._group_inflight[group] = self._group_inflight.get(group, 0) + 1
+        self._routed.setdefault(request_id, []).append(_Routed(group, server_id, predicted))
+        return server_id, self._servers[server_id]
+
+    def release_server(self, server_id: str, request_id: str | None = None) -> None:
+        super().release_server(server_id, request_id)
+        self._collect_lengths()
+        routed = self._routed.get(request_id, [])
+        done = next((r for r in routed if r.server_id == server_id), None)
+        if done is None:
+            return
+        routed.remove(done)
+        if not routed:
+            del self._routed[request_id]
+        if server_id in self._predicted_work:
+            self._predicted_work[server_id] = max(0.0, self._predicted_work[server_id] - done.predicted_tokens)
+        self._group_inflight[done.group] -= 1
+        if self._group_inflight[done.group] == 0:  # the group is done: its next visit is placed by load again
+            del self._group_inflight[done.group]
+            del self._group_server[done.group]
+
+    def add_servers(self, servers: dict[str, ray.actor.ActorHandle]) -> None:
+        super().add_servers(servers)
+        for sid in servers:
+            self._predicted_work[sid] = 0.0
+
+    def remove_servers(self, server_ids: list[str]) -> None:
+        super().remove_servers(server_ids)  # groups on a removed replica move with their next request
+        for sid in server_ids:
+            self._predicted_work.pop(sid, None)
+
+    def get_status(self) -> dict:
+        self._collect_lengths()
+        return {**super().get_status(), "predicted_tokens": dict(self._predicted_work),
+                "groups_in_flight": len(self._group_server), "lengths_learned": self.lengths_learned}
+
+    # --- routing ---------------------------------------------------------------------------------------------------
+    def _least_predicted_work(self) -> str:
+        """The replica with the least predicted work outstanding (then fewest requests, then the first)."""
+        self._collect_lengths()
+        order = {sid: i for i, sid in enumerate(self._servers)}
+        return min(self._servers, key=lambda sid: (self._predicted_work.get(sid, 0.0),
+                                                   self._inflight_requests.get(sid, 0), order[sid]))
+
+    def _predict(self, group: str, prompt_len: int) -> float:
+        return self._lengths.predict(Group(group, prompt_len, 1), Sample(0, 0, 0, prompt_len))
+
+    def _collect_lengths(self) -> None:
+        """Take in the answers that have arrived; ask again once the last answers are in and the refresh is due."""
+        if self._lengths_asked:
+            ready, self._lengths_asked = ray.wait(self._lengths_asked, num_returns=len(self._lengths_asked),
+                                                  timeout=0)
+            for ref in ready:
+                try:
+                    lengths = ray.get(ref)
+                except Exception:  # noqa: BLE001 - a lost server must not stop routing: ask again next refresh
+                    logger.warning("GroupAffinityRouter: a server did not report its lengths", exc_info=True)
+                    continue
+                for key, length in lengths:
+                    self._lengths.observe(Group(key, 0, 1), Sample(0, 0, 0, 0), int(length))
+                self.lengths_learned += len(lengths)
+        now = time.monotonic()
+        if self._lengths_asked or not self._learns_lengths or now - self._last_ask < self.config.length_refresh_s:
+            return
+        self._last_ask = now
+        try:
+            self._lengths_asked = [h.pop_finished_lengths.remote() for h in self._servers.values()]
+        except AttributeError:
+            logger.warning("GroupAffinityRouter: the servers do not report lengths (not rollout.name=infinite); "
+                           "routing by group affinity and request counts only")
+            self._learns_lengths = False
