@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--kv-budget", type=int, help="KV cache budget in tokens (prompt once per group + generated)")
     sim.add_argument("--policy", action="append",
                      help=f"policy to run (repeat or comma-separate; default: all of {', '.join(POLICIES)})")
-    sim.add_argument("--predictor", default="noisy:0.3", help="oracle | noisy:SIGMA | none | history")
+    sim.add_argument("--predictor", default="noisy:0.3", help="oracle | noisy:SIGMA | none | history | learned[:k=K]")
     sim.add_argument("--max-len", type=int, help="response length cap (default: the trace's longest sample)")
     sim.add_argument("--fptas-eps", type=float, default=0.02, help="the global plan's (1+eps) guarantee")
     sim.add_argument("--prefill-chunk", type=int, default=2048,
@@ -62,9 +62,11 @@ def _parser() -> argparse.ArgumentParser:
 
     from .bench_engine import add_bench_engine_parser
     from .models.tiny import add_make_tiny_model_parser
+    from .predict.evaluate import add_eval_predictor_parser
 
     add_make_tiny_model_parser(sub)
     add_bench_engine_parser(sub)
+    add_eval_predictor_parser(sub)
     return p
 
 

@@ -24,7 +24,7 @@ class InfiniteRolloutSettings:
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
-    predictor: str = "history"  # none | history
+    predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,state=PATH] (online, token-conditioned)
     fptas_eps: float = 0.02
     block_size: int = 16  # tokens per KV block of the paged store
     dtype: str = "float32"  # model dtype on the server
@@ -67,7 +67,8 @@ class InfiniteRolloutSettings:
         except ValueError as e:
             raise bad("predictor", str(e)) from None
         if self.predictor.startswith(("oracle", "noisy")):
-            raise bad("predictor", "needs true lengths, which a live rollout does not have; use history or none")
+            raise bad("predictor", "needs true lengths, which a live rollout does not have; use history, learned "
+                                   "or none")
         if not 0 < self.fptas_eps < 1:
             raise bad("fptas_eps", "must be in (0, 1)")
         if not isinstance(self.block_size, int) or self.block_size < 1:

@@ -59,6 +59,9 @@ class Policy:
         """A preempted sample goes back to the head of the line (it has waited longest)."""
         self.queue.appendleft(sample)
 
+    def predictions_changed(self, waiting: list[Sample]) -> None:
+        """These waiting samples' ``predicted_len`` changed (a refining predictor); the plan itself stays."""
+
     @property
     def plan_info(self) -> dict:
         return {}
@@ -166,8 +169,9 @@ class InfiniteSamplingPolicy(Policy):
             return None
         if fits(self.queue[0]):
             return self.queue.popleft()
-        while self._shortest and self._shortest[0][-1].state is not SampleState.WAITING:
-            heapq.heappop(self._shortest)
+        while self._shortest and (self._shortest[0][-1].state is not SampleState.WAITING
+                                  or self._shortest[0][0] != self._shortest[0][-1].predicted_len):
+            heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
         if self._shortest and fits(self._shortest[0][-1]):
             return heapq.heappop(self._shortest)[-1]
         return None
@@ -175,6 +179,11 @@ class InfiniteSamplingPolicy(Policy):
     def requeue(self, sample: Sample) -> None:
         super().requeue(sample)
         heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
+
+    def predictions_changed(self, waiting: list[Sample]) -> None:
+        """SJF refill follows the new predictions (an outdated heap entry is skipped when it surfaces)."""
+        for s in waiting:
+            heapq.heappush(self._shortest, (s.predicted_len, s.uid, next(self._tiebreak), s))
 
     @property
     def plan_info(self) -> dict:

@@ -1,7 +1,13 @@
 """Length predictors: what the scheduler believes about a sample's final length before it has finished.
 
-A spec string picks one: ``oracle``, ``noisy:SIGMA``, ``none`` or ``history``. Predictions are in tokens; with no
+A spec string picks one: ``oracle``, ``noisy:SIGMA``, ``none``, ``history`` or ``learned[:k=K,...]`` (the online
+token-conditioned predictor of ``verl_infsample.predict``, numpy only). Predictions are in tokens; with no
 information a predictor answers ``max_len``, the worst case, which is also the safe KV reservation.
+
+Optional hooks a predictor may have (the scheduler and engines call them only when present; features are plain
+numbers, so the core stays free of tensors): ``start_batch(groups)`` before a rollout is planned,
+``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens, and
+``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed).
 """
 
 from __future__ import annotations
@@ -104,17 +110,26 @@ PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {
     "noisy": lambda arg, seed, max_len: NoisyOraclePredictor(_float_arg("noisy", arg), seed, max_len),
     "none": lambda arg, seed, max_len: NoInformationPredictor(max_len),
     "history": lambda arg, seed, max_len: HistoryPredictor(max_len),
+    "learned": lambda arg, seed, max_len: _learned(arg, max_len),
 }
+_TAKE_ARGS = ("noisy", "learned")
 
 
 def make_predictor(spec: str, *, seed: int = 0, max_len: int) -> LengthPredictor:
     """Build a predictor from its spec string, e.g. ``noisy:0.3``."""
     name, _, arg = spec.partition(":")
     if name not in PREDICTORS:
-        raise ValueError(f"unknown predictor {spec!r}; choose one of: oracle, noisy:SIGMA, none, history")
-    if arg and name != "noisy":
+        raise ValueError(f"unknown predictor {spec!r}; choose one of: oracle, noisy:SIGMA, none, history, "
+                         "learned[:k=K,forget=F,min=N,state=PATH]")
+    if arg and name not in _TAKE_ARGS:
         raise ValueError(f"predictor {name!r} takes no argument, got {spec!r}")
     return PREDICTORS[name](arg, seed, max_len)
+
+
+def _learned(arg: str, max_len: int) -> LengthPredictor:
+    from ..predict.learned import parse_learned_spec  # numpy only; lives outside the core, which it builds on
+
+    return parse_learned_spec(arg, max_len)
 
 
 def _float_arg(name: str, arg: str) -> float:

@@ -37,6 +37,7 @@ class SchedulerStats:
     total_tokens: int = 0
     predict_ms: float = 0.0  # length predictions for the whole batch
     plan_ms: float = 0.0  # the policy's global plan (FPTAS, sorting), predictions excluded
+    refine_ms: float = 0.0  # a refining predictor's work while decoding: token features, learning, sibling updates
     # (decode step, KV tokens in use) after every step and every change of the running set: memory over time
     kv_timeline: list[tuple[int, int]] = field(default_factory=list)
 
@@ -68,6 +69,14 @@ class Scheduler:
         self._retain_idle_prompts = not isinstance(capacity, KVBudget)
         self._finished = 0
         self.stats = SchedulerStats()
+        # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
+        self.refines_predictions = policy.uses_predictor and hasattr(predictor, "observe_tokens")
+        # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
+        self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
+                                  if self.refines_predictions else frozenset())
+        self._group_first = np.cumsum([0] + [g.size for g in groups]).tolist()  # uid of each group's first sample
+        if hasattr(predictor, "start_batch"):
+            predictor.start_batch(groups)
         self._plan()
 
     # --- plan -------------------------------------------------------------------------------------------------
@@ -83,6 +92,24 @@ class Scheduler:
                          prompts_cost_memory=isinstance(self.capacity, KVBudget))
         self.stats.predict_ms = (t1 - t0) * 1e3
         self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
+
+    # --- refining predictions while decoding -------------------------------------------------------------------
+    def observe_tokens(self, reports: list[tuple[Sample, tuple]]) -> None:
+        """Samples that reached one of ``token_checkpoints`` this step, each with its tokens as plain numbers (e.g.
+        ``predict.TokenWindow``): the predictor reads them, and a sample whose prediction changed gets the new one
+        (the KV projection and the SJF refill use it)."""
+        if not self.refines_predictions:
+            return
+        t0 = time.perf_counter()
+        changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
+        self._repredict(changed)
+        self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+
+    def _repredict(self, samples: list[Sample]) -> None:
+        for s in samples:
+            s.predicted_len = float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+        if samples:
+            self.policy.predictions_changed([s for s in samples if s.state is SampleState.WAITING])
 
     # --- ledger (read by the capacity model) --------------------------------------------------------------------
     @property
@@ -192,6 +219,7 @@ class Scheduler:
         self._record_peaks()
         self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
         if finished:
+            learn_s = 0.0
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
             for s in finished:
@@ -200,8 +228,16 @@ class Scheduler:
                 s.state, s.finished_at = SampleState.FINISHED, self.stats.decode_steps
                 self._finished += 1
                 self.policy.on_retire(s)
+                t0 = time.perf_counter()
                 self.predictor.observe(self.groups[s.group], s, s.generated)
+                learn_s += time.perf_counter() - t0
                 self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
+            if self.refines_predictions:  # sibling signal: finished lengths inform the rest of their groups
+                t0 = time.perf_counter()
+                for g in sorted({s.group for s in finished}):
+                    members = self.samples[self._group_first[g]:self._group_first[g + 1]]
+                    self._repredict([s for s in members if s.state is SampleState.WAITING])
+                self.stats.refine_ms += (time.perf_counter() - t0 + learn_s) * 1e3  # learning included
 
     def _release(self, s: Sample) -> None:
         """``s`` leaves the running set (finished or preempted); its group's prompt goes when the group closes."""

@@ -2,11 +2,18 @@
 
 A trace is what a rollout produced (or what ``synth`` draws): prompts with the true response lengths of their
 samples. Simulators replay it; predictors learn from it.
+
+Optional fields, for token-conditioned predictors (``infsample eval-predictor --trace``), all or some of:
+``"prompt_tokens": [..prompt_len ids..]``, ``"tokens": [[..lengths[i] ids..] per sample]`` and, per sample and
+token as ``tokens``, ``"logprobs"`` (of the drawn token), ``"entropies"`` (nats, of the distribution it was drawn
+from) and ``"stop_logprobs"`` (log of the mass on the stop tokens; ``null`` for -inf). Readers that know only the
+three required fields ignore them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +29,11 @@ class TracePrompt:
     prompt_id: str
     prompt_len: int
     lengths: tuple[int, ...]
+    prompt_tokens: tuple[int, ...] | None = None
+    tokens: tuple[tuple[int, ...], ...] | None = None  # per sample, its generated ids (len == lengths[i])
+    logprobs: tuple[tuple[float, ...], ...] | None = None  # per sample and token, like ``tokens``
+    entropies: tuple[tuple[float, ...], ...] | None = None
+    stop_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     @property
     def group_size(self) -> int:
@@ -69,7 +81,29 @@ def _parse_prompt(obj, where: str) -> TracePrompt:
     for i, n in enumerate(lengths):
         if not _is_int(n) or n < 1:
             raise TraceError(f"{where}: 'lengths'[{i}] must be an integer >= 1, got {n!r}")
-    return TracePrompt(str(pid), int(plen), tuple(int(n) for n in lengths))
+    lengths = tuple(int(n) for n in lengths)
+    prompt_tokens = obj.get("prompt_tokens")
+    if prompt_tokens is not None:
+        if (not isinstance(prompt_tokens, list) or len(prompt_tokens) != plen
+                or not all(_is_int(t) and t >= 0 for t in prompt_tokens)):
+            raise TraceError(f"{where}: 'prompt_tokens' must be a list of prompt_len ({plen}) token ids >= 0")
+        prompt_tokens = tuple(prompt_tokens)
+    per_token = {}
+    for key, is_id in (("tokens", True), ("logprobs", False), ("entropies", False), ("stop_logprobs", False)):
+        rows = obj.get(key)
+        if rows is None:
+            continue
+        if not isinstance(rows, list) or len(rows) != len(lengths):
+            raise TraceError(f"{where}: '{key}' must be a list with one list per sample ({len(lengths)})")
+        for i, (row, n) in enumerate(zip(rows, lengths)):
+            ok = isinstance(row, list) and len(row) == n and all(
+                (_is_int(t) and t >= 0) if is_id else (t is None or isinstance(t, (int, float))) for t in row)
+            if not ok:
+                what = "token ids >= 0" if is_id else "numbers"
+                raise TraceError(f"{where}: '{key}'[{i}] must be a list of lengths[{i}] ({n}) {what}")
+        per_token[key] = tuple(tuple(int(t) for t in row) if is_id else
+                               tuple(-math.inf if t is None else float(t) for t in row) for row in rows)
+    return TracePrompt(str(pid), int(plen), lengths, prompt_tokens, **per_token)
 
 
 def _is_int(x) -> bool:
@@ -79,7 +113,14 @@ def _is_int(x) -> bool:
 def write_trace(prompts: list[TracePrompt], path: str | Path) -> None:
     with open(path, "w") as f:
         for p in prompts:
-            f.write(json.dumps({"prompt_id": p.prompt_id, "prompt_len": p.prompt_len, "lengths": list(p.lengths)}))
+            obj = {"prompt_id": p.prompt_id, "prompt_len": p.prompt_len, "lengths": list(p.lengths)}
+            if p.prompt_tokens is not None:
+                obj["prompt_tokens"] = list(p.prompt_tokens)
+            for key in ("tokens", "logprobs", "entropies", "stop_logprobs"):
+                rows = getattr(p, key)
+                if rows is not None:
+                    obj[key] = [[None if isinstance(t, float) and math.isinf(t) else t for t in row] for row in rows]
+            f.write(json.dumps(obj))
             f.write("\n")
 
 

@@ -28,6 +28,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
     logprobs: bool = True
+    # ((token id, bias), ...) added to those logits before sampling (vLLM's ``logit_bias``), e.g. on eos to move
+    # the length distribution
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -58,7 +61,7 @@ def sample_tokens(logits: np.ndarray, params: SamplingParams,
 
     Rows are independent: the same row gives the same token whatever else is in the batch.
     """
-    logits = logits.astype(np.float64)
+    logits = apply_logit_bias(logits.astype(np.float64), params)
     if params.temperature == 0:
         tokens = np.argmax(logits, axis=1)
         return tokens, np.take_along_axis(_log_softmax(logits), tokens[:, None], 1)[:, 0]
@@ -78,6 +81,34 @@ def sample_tokens(logits: np.ndarray, params: SamplingParams,
     noise = np.stack([rng.gumbel(size=vocab) for rng in rngs])  # each stream advances by one vocab per token
     tokens = np.argmax(np.where(keep, logp + noise, -np.inf), axis=1)
     return tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
+
+
+def distribution_stats(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``logits`` [B, V]: the entropy (nats) of the distribution tokens are drawn from, and the log of its
+    mass on the stop tokens (-inf without stop tokens). What a length predictor reads; float32 is plenty."""
+    z = apply_logit_bias(np.asarray(logits, dtype=np.float32), params)
+    if params.temperature > 0 and params.temperature != 1:
+        z = z / np.float32(params.temperature)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    total = e.sum(axis=1)
+    log_total = np.log(total)
+    entropy = log_total - (e * z).sum(axis=1) / total
+    stop = list(params.stop_token_ids)
+    with np.errstate(divide="ignore"):
+        stop_logprob = (np.log(e[:, stop].sum(axis=1)) - log_total if stop
+                        else np.full(len(z), -np.inf, dtype=np.float32))
+    return entropy, stop_logprob
+
+
+def apply_logit_bias(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """``logits`` [B, V] with ``params.logit_bias`` added (a copy when there is a bias; the input otherwise)."""
+    if not params.logit_bias:
+        return logits
+    logits = logits.copy()
+    for token, bias in params.logit_bias:
+        logits[:, token] += bias
+    return logits
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
 from ..core.policies import make_policy
@@ -45,6 +46,43 @@ class SimulatedEngine:
         return finished, steps
 
 
+class ReplayEngine(SimulatedEngine):
+    """Replays a trace's tokens for a predictor that reads them: it jumps between events like ``SimulatedEngine``,
+    the next event also being a running sample reaching one of ``Scheduler.token_checkpoints``, where it reports the
+    sample's tokens as a live engine would (a ``TokenWindow`` from the trace's ``tokens`` and, where present,
+    ``logprobs``/``entropies``/``stop_logprobs``)."""
+
+    def __init__(self, trace: list[TracePrompt], prefill_chunk: int = 2048):
+        super().__init__(prefill_chunk)
+        missing = [p.prompt_id for p in trace if p.tokens is None]
+        if missing:
+            raise ValueError(f"trace prompt {missing[0]!r} has no 'tokens': a token-conditioned replay needs the "
+                             "generated ids of every sample (see core/trace.py)")
+        self.trace = trace
+
+    def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
+        from ..predict.features import TokenWindow
+
+        finished, steps = super().step(sched)
+        ahead = [c - s.generated for s in sched.running for c in sched.token_checkpoints
+                 if 0 < c - s.generated <= steps and c <= s.true_len]
+        if ahead and min(ahead) < steps:  # stop at the earliest checkpoint instead
+            steps = min(ahead)
+            finished = [s for s in sched.running if s.generated + steps >= s.true_len]
+        reports = []
+        for s in sched.running:
+            n = s.generated + steps
+            if n in sched.token_checkpoints and n <= s.true_len:
+                p, i = self.trace[s.group], s.index
+                reports.append((s, TokenWindow(
+                    p.tokens[i][:n], None if p.logprobs is None else p.logprobs[i][:n],
+                    math.nan if p.entropies is None else p.entropies[i][n - 1],
+                    math.nan if p.stop_logprobs is None else p.stop_logprobs[i][n - 1])))
+        if reports:
+            sched.observe_tokens(reports)
+        return finished, steps
+
+
 @dataclass
 class SimulationResult:
     policy: str
@@ -71,8 +109,11 @@ class SimulationResult:
 
 def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predictor: str | LengthPredictor = "none",
              *, max_len: int | None = None, seed: int = 0, fptas_eps: float = 0.02, prefill_chunk: int = 2048,
-             return_scheduler: bool = False):
-    """Run one policy over a trace on the simulator; returns a ``SimulationResult`` (and the scheduler if asked)."""
+             return_scheduler: bool = False, on_step: Callable[[Scheduler], None] | None = None):
+    """Run one policy over a trace on the simulator; returns a ``SimulationResult`` (and the scheduler if asked).
+
+    A predictor that reads tokens (``learned``) gets the trace's prompt and generated tokens (``ReplayEngine``)
+    when the trace has them."""
     longest = max(max(p.lengths) for p in trace)
     max_len = longest if max_len is None else max_len
     if longest > max_len:
@@ -82,8 +123,14 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     spec = pol.forced_predictor or predictor
     pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
+    if hasattr(pred, "observe_prompt"):
+        for p in trace:
+            if p.prompt_tokens is not None:
+                pred.observe_prompt(p.prompt_id, p.prompt_tokens)
     sched = Scheduler(groups, pol, capacity, pred, max_len, true_lengths=[list(p.lengths) for p in trace])
-    run_rollout(SimulatedEngine(prefill_chunk), sched)
+    replay = sched.refines_predictions and all(p.tokens is not None for p in trace)
+    run_rollout(ReplayEngine(trace, prefill_chunk) if replay else SimulatedEngine(prefill_chunk), sched,
+                on_step=on_step)
     st: SchedulerStats = sched.stats
     bound = _lower_bound_steps(trace, capacity, pol)
     result = SimulationResult(

@@ -24,9 +24,9 @@ from ..core.policies import make_policy
 from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats
-from .base import LoopTiming, run_rollout
+from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
-from .sampling import SamplingParams, sample_stream, sample_tokens
+from .sampling import SamplingParams, distribution_stats, sample_stream, sample_tokens
 
 
 @dataclass
@@ -88,17 +88,10 @@ class TransformersEngine:
         A sample's random stream is keyed by (params.seed, its prompt id, its index in the group), or by
         ``stream_indices[group][index]`` when given (a server decoding part of a group: samples 20..31 of 32).
         """
-        sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
-        if len(sizes) != len(prompts):
-            raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
-        prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
-            if len(p) + params.max_new_tokens > self.max_positions:
-                raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens="
-                                 f"{params.max_new_tokens} it exceeds the model's context of {self.max_positions} "
-                                 "(max_position_embeddings); shorten the prompt or lower max_new_tokens")
+        sizes, prompt_ids = check_batch(
+            prompts, n, prompt_ids, params.max_new_tokens, self.max_positions,
+            f"the model's context of {self.max_positions} (max_position_embeddings); shorten the prompt or lower "
+            "max_new_tokens")
         capacity = capacity or SlotPool(max(sizes))
         if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget
             capacity = KVBudget(capacity.tokens, block_size=self.pool.block_size)
@@ -107,6 +100,9 @@ class TransformersEngine:
         spec = pol.forced_predictor or predictor
         pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
+        if hasattr(pred, "observe_prompt"):  # a token-conditioned predictor reads the prompts before the plan
+            for pid, p in zip(prompt_ids, prompts):
+                pred.observe_prompt(pid, [int(t) for t in p])
         t0 = time.perf_counter()
         sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths)
         self._reset_batch()
@@ -171,6 +167,8 @@ class TransformersEngine:
             else:
                 continue
             finished.append(s)
+        if sched.token_checkpoints:
+            self._report_tokens(sched, running, rows)
         self.pool.record(sched.stats.decode_steps + 1)
         return finished, 1
 
@@ -186,6 +184,22 @@ class TransformersEngine:
         self.pool.record(sched.stats.decode_steps)
 
     # --- internals -------------------------------------------------------------------------------------------------
+    def _report_tokens(self, sched: Scheduler, running: list[Sample], rows: np.ndarray) -> None:
+        """Samples that reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and stop
+        mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""
+        t0 = time.perf_counter()
+        checkpoints = sched.token_checkpoints
+        at = [i for i, s in enumerate(running) if len(s.payload["tokens"]) in checkpoints]
+        if not at:
+            return
+        from ..predict.features import TokenWindow
+
+        entropy, stop_logprob = distribution_stats(rows[at], self._params)
+        reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
+                   for i, h, sl in zip(at, entropy.tolist(), stop_logprob.tolist())]
+        sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+        sched.observe_tokens(reports)
+
     def _reset_batch(self) -> None:
         self._prompt_kv: dict[int, list[int]] = {}
         self._prompt_slots: dict[int, torch.Tensor] = {}

@@ -1,0 +1,281 @@
+"""The online token-conditioned length predictor (``learned``): protocol, persistence, sibling signal, the engine
+hook, adaptation to a length shift on the real tiny model, and ``infsample eval-predictor``."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verl_infsample.core.capacity import KVBudget, SlotPool
+from verl_infsample.core.predictor import HistoryPredictor, make_predictor
+from verl_infsample.core.sample import Group, Sample
+from verl_infsample.core.trace import TracePrompt, read_trace, synth_trace, write_trace
+from verl_infsample.engines.simulated import simulate
+from verl_infsample.predict import LearnedPredictor, TokenWindow
+from verl_infsample.predict.evaluate import kendall_tau, replay_with_predictions
+from verl_infsample.settings import InfiniteRolloutSettings, SettingsError
+
+
+def _token_trace(n_prompts: int, group: int, seed: int, scale: float = 1.0, max_len: int = 200,
+                 prompt_tells: bool = True) -> list[TracePrompt]:
+    """A synthetic token trace where the first tokens tell the length: a sample that will be long starts with
+    high token ids, and (if ``prompt_tells``) its prompt's tokens tell the prompt's typical length."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in range(n_prompts):
+        kind = int(rng.integers(0, 4))
+        median = 12 * 2 ** kind * scale
+        lengths = np.clip(np.round(median * np.exp(0.6 * rng.standard_normal(group))), 1, max_len).astype(int)
+        noise = list(rng.integers(200, 300, 5 if prompt_tells else 10))
+        prompt = [100 + kind] * 5 + noise if prompt_tells else noise
+        tokens = []
+        for n in lengths:
+            mark = 10 + min(9, int(math.log2(n)))  # tells the length, to within a factor of 2
+            tokens.append(tuple(int(t) for t in [mark] * min(n, 8) + list(rng.integers(400, 500, max(0, n - 8)))))
+        out.append(TracePrompt(f"s{seed}p{p}", len(prompt), tuple(int(n) for n in lengths), tuple(map(int, prompt)),
+                               tuple(tokens)))
+    return out
+
+
+# --- protocol, spec, settings -----------------------------------------------------------------------------------
+def test_spec_settings_and_bad_options():
+    p = make_predictor("learned:k=8", max_len=128)
+    assert isinstance(p, LearnedPredictor) and p.name == "learned:k=8"
+    assert p.checkpoints == (0, 1, 4, 8) and p.token_checkpoints == {1, 4, 8}
+    spec = "learned:k=16,forget=0.99"
+    assert InfiniteRolloutSettings.from_custom({"predictor": spec}).predictor == spec
+    with pytest.raises(ValueError, match="KEY one of k, forget, min, state"):
+        make_predictor("learned:q=1", max_len=10)
+    with pytest.raises(ValueError, match="k needs a int"):
+        make_predictor("learned:k=x", max_len=10)
+    with pytest.raises(SettingsError, match=r"custom\.predictor='learned:forget=2'.*0 < F <= 1"):
+        InfiniteRolloutSettings.from_custom({"predictor": "learned:forget=2"})
+    with pytest.raises(ValueError, match="takes no argument"):
+        make_predictor("history:3", max_len=10)
+
+
+def test_falls_back_to_history_until_trained():
+    learned, history = LearnedPredictor(100, k=8, min_samples=20), HistoryPredictor(100)
+    g = Group("a", 10, 4)
+    lengths = [5, 50, 20, 30, 7] * 3  # 15 samples: fewer than min_samples
+    for i, n in enumerate(lengths):
+        s = Sample(uid=i, group=0, index=i % 4, prompt_len=10)
+        for p in (learned, history):
+            p.observe(g, s, n)
+    assert learned.trained_checkpoints() == []
+    assert learned.predict(g, Sample(uid=99, group=0, index=0, prompt_len=10)) == history.predict(g, None)
+
+
+def test_learns_from_tokens_and_ranks_samples():
+    """On a trace where the first tokens tell the length, predictions at k=8 rank samples well after a warm-up,
+    far better than history (which knows only prompts) does."""
+    train = [_token_trace(12, 16, seed) for seed in range(6)]
+    test = _token_trace(8, 16, 100)
+    learned, history = make_predictor("learned:k=8", max_len=200), make_predictor("history", max_len=200)
+    for rollout in train:
+        for p in (learned, history):
+            simulate(rollout, "infinite", SlotPool(8), p, max_len=200)
+    assert learned.trained_checkpoints() == [0, 1, 4, 8]
+    _, at_k = replay_with_predictions(test, learned, 8, 8, 200)
+    _, at_k_history = replay_with_predictions(test, history, 8, 8, 200)
+    keys = sorted(at_k)
+    true = [test[g].lengths[i] - 8 for g, i in keys]
+    assert len(keys) == sum(n > 8 for p in test for n in p.lengths)  # every sample past k was predicted at k
+    tau = kendall_tau([at_k[key] for key in keys], true)
+    assert tau > 0.6
+    assert tau > kendall_tau([at_k_history[key] for key in keys], true) + 0.2
+
+
+def test_sibling_lengths_move_waiting_predictions():
+    """A group's waiting samples share one prediction; when its siblings finish, it follows their lengths."""
+    p = make_predictor("learned:k=8,min=8", max_len=200)
+    for rollout in [_token_trace(12, 16, seed, prompt_tells=False) for seed in range(4)]:
+        simulate(rollout, "infinite", SlotPool(4), p, max_len=200)
+    g_long, g_short = Group("new-long", 10, 8), Group("new-short", 10, 8)
+    p.observe_prompt("new-long", list(range(200, 210)))
+    p.observe_prompt("new-short", list(range(200, 210)))
+    p.start_batch([g_long, g_short])
+    waiting = [Sample(uid=i, group=0, index=i, prompt_len=10) for i in range(8)]
+    before = p.predict(g_long, waiting[7]), p.predict(g_short, waiting[7])
+    assert before[0] == before[1]  # nothing tells the two unseen prompts apart yet
+    for s in waiting[:4]:
+        p.observe(g_long, s, 150)
+        p.observe(g_short, s, 4)
+    after_long, after_short = p.predict(g_long, waiting[7]), p.predict(g_short, waiting[7])
+    # siblings that finish early are the short ones (a censored view), so short ones move it less: the regressor
+    # learned that from the rollouts; long finished siblings are strong evidence
+    assert after_long > before[0] * 1.5 and after_short < after_long / 1.5
+
+
+def test_save_load_warm_start_and_mismatch(tmp_path):
+    trace = _token_trace(10, 16, 3)
+    state = tmp_path / "len.npz"
+    p = make_predictor(f"learned:k=8,state={state}", max_len=200)
+    simulate(trace, "infinite", SlotPool(8), p, max_len=200)
+    assert not state.exists()  # saved when the next batch starts, with what the last one taught
+    simulate(trace, "infinite", SlotPool(8), p, max_len=200)
+    assert state.exists()
+    warm = make_predictor(f"learned:k=8,state={state}", max_len=200)  # a restart
+    assert warm.observed == 160 and warm.trained_checkpoints() == p.trained_checkpoints()
+    p.save(state)
+    warm = make_predictor(f"learned:k=8,state={state}", max_len=200)
+    g = Group(trace[0].prompt_id, trace[0].prompt_len, 16)
+    p.refit()  # its regressors may wait for more samples before re-solving; the loaded one solves on first use
+    for pred in (p, warm):
+        pred.observe_prompt(g.prompt_id, trace[0].prompt_tokens)
+        pred.start_batch([g])
+    s = Sample(uid=0, group=0, index=0, prompt_len=trace[0].prompt_len)
+    assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)
+    window = TokenWindow(trace[0].tokens[0][:4])
+    assert warm.observe_tokens(g, s, window) and p.observe_tokens(g, s, window)
+    assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)
+    with pytest.raises(ValueError, match=r"learned at checkpoints \[0, 1, 4, 8\].*k=16"):
+        make_predictor(f"learned:k=16,state={state}", max_len=200)
+    (tmp_path / "bad.npz").write_text("not a state")
+    with pytest.raises(ValueError, match="bad.npz: cannot read it"):
+        make_predictor(f"learned:state={tmp_path / 'bad.npz'}", max_len=200)
+
+
+def test_refined_predictions_reach_the_kv_projection():
+    """Under a KV budget the scheduler admits against predicted remaining lengths: refined predictions reach it
+    (running samples' predictions change as their tokens arrive) and the budget is never exceeded."""
+    train = [_token_trace(8, 16, seed, scale=2) for seed in range(5)]
+    test = _token_trace(6, 16, 50, scale=2)
+    learned, history = make_predictor("learned:k=8", max_len=200), make_predictor("history", max_len=200)
+    for rollout in train:
+        for p in (learned, history):
+            simulate(rollout, "infinite", KVBudget(1200), p, max_len=200)
+    plan: dict = {}
+    seen_running: dict = {}
+
+    def watch(sched):
+        for s in sched.samples:
+            plan.setdefault(s.key, s.predicted_len)
+        for s in sched.running:
+            seen_running[s.key] = s.predicted_len
+
+    res_l, sched = simulate(test, "infinite", KVBudget(1200), learned, max_len=200, return_scheduler=True,
+                            on_step=watch)
+    res_h = simulate(test, "infinite", KVBudget(1200), history, max_len=200)
+    assert sched.stats.refine_ms > 0
+    changed = sum(seen_running[key] != plan[key] for key in seen_running)
+    assert changed > len(seen_running) / 2
+    assert res_l.peak_kv_tokens <= 1200 and res_l.decode_steps <= res_h.decode_steps * 1.02
+
+
+def test_trace_tokens_round_trip(tmp_path):
+    trace = _token_trace(2, 3, 7)
+    trace[0] = TracePrompt(trace[0].prompt_id, trace[0].prompt_len, trace[0].lengths, trace[0].prompt_tokens,
+                           trace[0].tokens, logprobs=tuple(tuple(-1.0 for _ in t) for t in trace[0].tokens),
+                           entropies=tuple(tuple(0.5 for _ in t) for t in trace[0].tokens),
+                           stop_logprobs=tuple(tuple(-math.inf for _ in t) for t in trace[0].tokens))
+    write_trace(trace, tmp_path / "t.jsonl")
+    assert read_trace(tmp_path / "t.jsonl") == trace
+    bad = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    bad["tokens"][1] = bad["tokens"][1][:-1]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+    from verl_infsample.core.trace import TraceError
+
+    with pytest.raises(TraceError, match=r"bad.jsonl:1: 'tokens'\[1\] must be a list of lengths\[1\]"):
+        read_trace(tmp_path / "bad.jsonl")
+    plain = synth_trace(1, 4, 100)  # traces without tokens still replay with learned (no token reports)
+    assert simulate(plain, "infinite", SlotPool(2), "learned", max_len=100).decode_steps > 0
+
+
+# --- the real tiny model -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_rollouts(tiny_model_dir, tiny_engine):
+    """Token traces of the tiny model: 3 epochs at eos bias 0, then 4 at +2 (shorter answers), same prompts."""
+    from transformers import AutoTokenizer
+
+    from verl_infsample.engines.sampling import SamplingParams
+    from verl_infsample.models.tiny import default_prompts
+    from verl_infsample.predict.evaluate import record_rollout
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = default_prompts(6, seed=777)
+    ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False) for t in texts]
+    out = []
+    for epoch, bias in enumerate([0.0] * 3 + [2.0] * 4):
+        params = SamplingParams(max_new_tokens=64, stop_token_ids=(tok.eos_token_id,), seed=epoch,
+                                logit_bias=((tok.eos_token_id, bias),))
+        out.append(record_rollout(tiny_engine, ids, texts, 16, params))
+    return ids, out, tok.eos_token_id
+
+
+def _plan_log_ratios(predictor, rollout: list[TracePrompt]) -> np.ndarray:
+    """log(predicted / true length) of every sample, as the plan predicts it (before any token)."""
+    groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in rollout]
+    for p in rollout:
+        if hasattr(predictor, "observe_prompt"):
+            predictor.observe_prompt(p.prompt_id, p.prompt_tokens)
+    if hasattr(predictor, "start_batch"):
+        predictor.start_batch(groups)
+    return np.array([math.log(predictor.predict(g, Sample(uid=0, group=0, index=i, prompt_len=g.prompt_len)) / n)
+                     for g, p in zip(groups, rollout) for i, n in enumerate(p.lengths)])
+
+
+def test_adapts_when_the_length_distribution_shifts(tiny_rollouts):
+    """eos bias 0 -> +2 mid-run (answers get shorter): the plan's systematic error |mean log(predicted / true)|
+    jumps, then returns to its former level within 3 rollouts of 96 samples, while history (a mean over all it
+    has seen) stays off."""
+    _, rollouts, _ = tiny_rollouts
+    learned = make_predictor("learned:k=8,min=16", max_len=64)
+    history = make_predictor("history", max_len=64)
+    errors, history_errors = [], []
+    for rollout in rollouts:
+        errors.append(abs(_plan_log_ratios(learned, rollout).mean()))
+        history_errors.append(abs(_plan_log_ratios(history, rollout).mean()))
+        simulate(rollout, "infinite", SlotPool(8), learned, max_len=64)
+        simulate(rollout, "infinite", SlotPool(8), history, max_len=64)
+    print("mean lengths", [round(float(np.mean([n for p in r for n in p.lengths])), 1) for r in rollouts])
+    print("learned |mean log ratio| per rollout", np.round(errors, 3), "history", np.round(history_errors, 3))
+    before, jump = float(np.mean(errors[1:3])), errors[3]  # after one warm-up rollout; measured: 0.23
+    assert jump > 1.5 * before + 0.1  # the shift is visible (measured 0.69)
+    assert max(errors[5:]) <= before + 0.05  # and learned away: back within 2 rollouts after it (0.12, 0.07)
+    assert errors[-1] < history_errors[-1] - 0.3  # history: 0.94
+
+
+def test_engine_reports_tokens_at_checkpoints(tiny_engine, tiny_rollouts):
+    """The real engine feeds the predictor at its checkpoints without changing a token (schedule invariance), and
+    the predictor's time per decode step is reported (the figure the README quotes comes from eval-predictor)."""
+    from verl_infsample.engines.sampling import SamplingParams
+
+    ids, rollouts, eos = tiny_rollouts
+    learned = make_predictor("learned:k=8,min=16", max_len=64)
+    for rollout in rollouts[:3]:
+        simulate(rollout, "infinite", SlotPool(8), learned, max_len=64)
+    seen = []
+    original = learned.observe_tokens
+    learned.observe_tokens = lambda g, s, w: seen.append(len(w.token_ids)) or original(g, s, w)
+    texts = [p.prompt_id for p in rollouts[0]]
+    params = SamplingParams(max_new_tokens=64, stop_token_ids=(eos,), seed=0, logit_bias=((eos, 0.0),))
+    res = tiny_engine.rollout(ids, 16, params, policy="infinite", capacity=SlotPool(8), predictor=learned,
+                              prompt_ids=texts)
+    assert [[tuple(o.token_ids) for o in g] for g in res.outputs] == [list(t.tokens) for t in rollouts[0]]
+    assert set(seen) == {1, 4, 8}
+    assert seen.count(1) == sum(len(t) >= 1 for p in rollouts[0] for t in p.tokens)
+    assert 0 < res.stats.refine_ms / 1e3 < 0.1 * res.timing.engine_s
+
+
+def test_eval_predictor_cli_on_traces(tmp_path):
+    train = []
+    for seed in range(4):
+        write_trace(_token_trace(8, 16, seed), tmp_path / f"train{seed}.jsonl")
+        train += ["--trace-train", str(tmp_path / f"train{seed}.jsonl")]
+    write_trace(_token_trace(6, 16, 99), tmp_path / "test.jsonl")
+    exe = Path(sys.executable).parent / "infsample"
+    proc = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl"), *train, "--k", "8",
+                           "--max-len", "200", "--json"], capture_output=True, text=True, check=True)
+    d = json.loads(proc.stdout)
+    assert {"kendall_tau", "mae", "steps_vs_oracle", "decode_steps"} <= set(d)
+    assert d["kendall_tau"] > 0.5 and d["steps_vs_oracle"] >= 1.0
+    assert set(d["decode_steps"]) == {"learned", "history", "none", "oracle"}
+    bad = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--trace needs at least one --trace-train" in bad.stderr

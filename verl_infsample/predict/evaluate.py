@@ -1,0 +1,307 @@
+"""``infsample eval-predictor``: how well ``learned`` predicts, and what the scheduler makes of it.
+
+    infsample eval-predictor --model DIR [--k 8] [--json]      # rolls the model out (TransformersEngine)
+    infsample eval-predictor --trace-train A.jsonl --trace B.jsonl [--k 8] [--json]   # token traces (real models)
+
+Protocol: training rollouts (``--train-rollouts`` epochs over training prompts, other seeds) warm the predictor up,
+online, as in training; then a test rollout over *disjoint* prompts (never seen: ``history`` knows only the global
+mean there). On the test rollout, replayed through the real scheduler (``ReplayEngine``: the predictor reads the
+test samples' tokens and learns from their finished siblings as it would live), we record each sample's prediction
+when it has generated k tokens and compare it with its true remaining length (samples longer than k): Kendall tau
+and mean absolute error, next to ``history``'s. Decode steps: ``infinite`` with ``learned``, ``history`` and ``none``,
+and ``oracle``, on the same test lengths (``SimulatedEngine`` is step-exact and the engine's tokens do not depend on
+the schedule). With ``--model``, one more real engine rollout of the test prompts measures the predictor's cost per
+decode step (feature extraction + prediction) against the step time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..core.capacity import SlotPool
+from ..core.predictor import LengthPredictor, make_predictor
+from ..core.sample import Group, Sample
+from ..core.trace import TracePrompt, read_trace
+from ..engines.simulated import simulate
+from .features import TokenWindow
+
+
+def kendall_tau(x, y) -> float:
+    """Kendall's tau-b (ties in either ranking handled), O(n^2): fine for a few thousand samples. A ranking that
+    is all ties (a constant prediction) carries no order: 0."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2:
+        return math.nan
+    iu = np.triu_indices(len(x), 1)
+    dx, dy = np.sign(x[:, None] - x[None, :])[iu], np.sign(y[:, None] - y[None, :])[iu]
+    denom = math.sqrt(float(np.count_nonzero(dx)) * float(np.count_nonzero(dy)))
+    return float((dx * dy).sum() / denom) if denom else 0.0
+
+
+class TokenRecorder:
+    """A predictor that predicts nothing (``max_len``) and records every step's features: turns a live rollout into
+    a token trace."""
+
+    name = "record"
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.token_checkpoints = frozenset(range(1, max_len + 1))  # every step
+        self.steps: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (entropy, stop log-prob) per token
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        return float(self.max_len)
+
+    def observe(self, group: Group, sample: Sample, length: int) -> None:
+        pass
+
+    def observe_tokens(self, group: Group, sample: Sample, window: TokenWindow) -> bool:
+        self.steps.setdefault((group.prompt_id, sample.index), []).append((window.entropy, window.stop_logprob))
+        return False
+
+
+def record_rollout(engine, prompts: list[list[int]], prompt_ids: list[str], group_size: int, params,
+                   slots: int = 64) -> list[TracePrompt]:
+    """Roll ``prompts`` out on ``engine`` (a ``TransformersEngine``) and return the token trace, features included."""
+    recorder = TokenRecorder(params.max_new_tokens)
+    run = engine.rollout(prompts, group_size, params, policy="lpt", capacity=SlotPool(slots), predictor=recorder,
+                         prompt_ids=prompt_ids)
+    trace = []
+    for pid, prompt, outs in zip(prompt_ids, prompts, run.outputs):
+        rows = [recorder.steps[(pid, i)] for i in range(len(outs))]
+        assert all(len(r) == len(o.token_ids) for r, o in zip(rows, outs)), "a step was not recorded"
+        trace.append(TracePrompt(
+            pid, len(prompt), tuple(len(o.token_ids) for o in outs), tuple(int(t) for t in prompt),
+            tokens=tuple(tuple(o.token_ids) for o in outs),
+            logprobs=tuple(tuple(o.logprobs) for o in outs),
+            entropies=tuple(tuple(h for h, _ in r) for r in rows),
+            stop_logprobs=tuple(tuple(sl for _, sl in r) for r in rows)))
+    return trace
+
+
+@dataclass
+class PredictionQuality:
+    k: int
+    samples: int  # test samples longer than k tokens
+    kendall_tau: float
+    mae: float  # tokens of remaining length
+    history_kendall_tau: float
+    history_mae: float
+
+
+def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor, k: int, slots: int, max_len: int,
+                            policy: str = "infinite"):
+    """Replay ``trace`` under ``policy``; returns (result, {(group, index): predicted remaining length at k tokens})
+    for every sample longer than k. A predictor that does not refine keeps its plan's prediction."""
+    checkpoints = getattr(predictor, "token_checkpoints", None)
+    if checkpoints is not None and k not in checkpoints:
+        raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
+                         f"score at one of them, or use learned:k={k}")
+    at_k: dict[tuple[int, int], float] = {}
+
+    def record(sched):
+        for s in sched.running:
+            if s.generated == k:
+                at_k[s.key] = max(1.0, s.predicted_len - k)
+
+    res, sched = simulate(trace, policy, SlotPool(slots), predictor, max_len=max_len, on_step=record,
+                          return_scheduler=True)
+    for s in sched.samples:
+        if s.true_len > k and s.key not in at_k:
+            if checkpoints is not None:
+                raise RuntimeError(f"sample {s.key} passed k={k} tokens without a prediction there")
+            at_k[s.key] = max(1.0, s.predicted_len - k)
+    return res, at_k
+
+
+def _quality(trace: list[TracePrompt], k: int, learned: dict, history: dict) -> PredictionQuality:
+    keys = sorted(learned)
+    assert keys == sorted(history), "both predictors are scored on the same samples"
+    true = np.array([trace[g].lengths[i] - k for g, i in keys], dtype=float)
+    lp = np.array([learned[key] for key in keys])
+    hp = np.array([history[key] for key in keys])
+    mae = (lambda p: round(float(np.abs(p - true).mean()), 2) if keys else math.nan)
+    return PredictionQuality(k=k, samples=len(keys), kendall_tau=round(kendall_tau(lp, true), 4), mae=mae(lp),
+                             history_kendall_tau=round(kendall_tau(hp, true), 4), history_mae=mae(hp))
+
+
+@dataclass
+class PredictorEvaluation:
+    predictor: str
+    k: int
+    slots: int
+    train_rollouts: int
+    train_samples: int
+    test_samples: int
+    kendall_tau: float  # learned, predicted vs true remaining length at k tokens, test samples longer than k
+    mae: float
+    history_kendall_tau: float
+    history_mae: float
+    decode_steps: dict[str, int]  # infinite with learned / history / none, and oracle, on the test rollout
+    steps_vs_oracle: float  # learned / oracle
+    history_steps_vs_oracle: float
+    lower_bound_steps: int
+    trained_checkpoints: list[int]
+    cost: dict = field(default_factory=dict)  # the predictor's share of real decode time (--model only)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate_predictor(train: list[list[TracePrompt]], test: list[TracePrompt], *, spec: str = "learned:k=8",
+                       k: int = 8, slots: int = 8, max_len: int, seed: int = 0,
+                       predictor: LengthPredictor | None = None, progress=lambda items, desc: items
+                       ) -> tuple[PredictorEvaluation, LengthPredictor]:
+    """Warm ``spec`` up on the ``train`` rollouts (replayed in order, learning online), then test it on ``test``.
+    Returns the evaluation and a copy of the warmed-up predictor as it was before the test rollout."""
+    learned = predictor if predictor is not None else make_predictor(spec, seed=seed, max_len=max_len)
+    history = make_predictor("history", seed=seed, max_len=max_len)
+    for rollout in progress(train, "warm-up"):
+        simulate(rollout, "infinite", SlotPool(slots), learned, max_len=max_len)
+        simulate(rollout, "infinite", SlotPool(slots), history, max_len=max_len)
+    warm = copy.deepcopy(learned)
+    res_learned, at_k = replay_with_predictions(test, learned, k, slots, max_len)
+    res_history, at_k_history = replay_with_predictions(test, history, k, slots, max_len)
+    steps = {"learned": res_learned.decode_steps, "history": res_history.decode_steps}
+    steps["none"] = simulate(test, "infinite", SlotPool(slots), "none", max_len=max_len).decode_steps
+    oracle = simulate(test, "oracle", SlotPool(slots), max_len=max_len)
+    steps["oracle"] = oracle.decode_steps
+    q = _quality(test, k, at_k, at_k_history)
+    trained = learned.trained_checkpoints() if hasattr(learned, "trained_checkpoints") else []
+    return PredictorEvaluation(
+        predictor=learned.name, k=k, slots=slots, train_rollouts=len(train),
+        train_samples=sum(p.group_size for r in train for p in r), test_samples=sum(p.group_size for p in test),
+        kendall_tau=q.kendall_tau, mae=q.mae, history_kendall_tau=q.history_kendall_tau, history_mae=q.history_mae,
+        decode_steps=steps, steps_vs_oracle=round(steps["learned"] / steps["oracle"], 4),
+        history_steps_vs_oracle=round(steps["history"] / steps["oracle"], 4),
+        lower_bound_steps=oracle.lower_bound_steps, trained_checkpoints=trained), warm
+
+
+# --- the tiny model (or any local model) -----------------------------------------------------------------------------
+@dataclass
+class ModelRollouts:
+    """Token traces of a model's rollouts: ``train`` (one per epoch) and ``test`` (disjoint prompts)."""
+
+    train: list[list[TracePrompt]]
+    test: list[TracePrompt]
+    test_prompts: list[list[int]]
+    params: object  # SamplingParams of the test rollout
+
+
+def model_rollouts(model_dir: str, *, train_rollouts: int = 4, train_prompts: int = 16, train_group: int = 16,
+                   test_prompts: int = 8, test_group: int = 32, max_new_tokens: int = 128, seed: int = 0,
+                   eos_bias: float = 0.0, engine=None, progress=lambda items, desc: items) -> ModelRollouts:
+    """Roll out the model on generated task prompts (``models.tiny.default_prompts``): training epochs at seeds
+    ``seed + 1 ...`` over one prompt set, the test at ``seed`` over another, minus any prompt text both share."""
+    from transformers import AutoTokenizer
+
+    from ..engines.sampling import SamplingParams
+    from ..engines.transformers_engine import TransformersEngine
+    from ..models.tiny import default_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = engine or TransformersEngine.from_pretrained(model_dir)
+    train_texts = default_prompts(train_prompts, seed=20_000 + seed)
+    test_texts = [t for t in dict.fromkeys(default_prompts(test_prompts + 8, seed=30_000 + seed))
+                  if t not in set(train_texts)][:test_prompts]
+    encode = (lambda texts: [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False) for t in texts])
+    stop = (tok.eos_token_id,)
+    bias = ((tok.eos_token_id, eos_bias),) if eos_bias else ()
+
+    def params(s):
+        return SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=stop, seed=s, logit_bias=bias)
+
+    train = [record_rollout(engine, encode(train_texts), train_texts, train_group, params(seed + 1 + e))
+             for e in progress(range(train_rollouts), "rollouts")]
+    test_ids = encode(test_texts)
+    test = record_rollout(engine, test_ids, test_texts, test_group, params(seed))
+    return ModelRollouts(train, test, test_ids, params(seed))
+
+
+def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int) -> dict:
+    """One real engine rollout of the test prompts with ``predictor`` (as warm as for the replayed test, so its
+    decode steps should match the replay's): the predictor's time per decode step against the step's."""
+    res = engine.rollout(rollouts.test_prompts, rollouts.test[0].group_size, rollouts.params, policy="infinite",
+                         capacity=SlotPool(slots), predictor=predictor, prompt_ids=[p.prompt_id for p in rollouts.test])
+    step_ms = res.timing.engine_s * 1e3 / max(1, res.stats.decode_steps)
+    per_step = (res.stats.refine_ms + res.stats.predict_ms) / max(1, res.stats.decode_steps)
+    return {"decode_steps": res.stats.decode_steps, "step_ms": round(step_ms, 3),
+            "predictor_ms_per_step": round(per_step, 4), "predictor_share": round(per_step / step_ms, 4)}
+
+
+# --- the command line ------------------------------------------------------------------------------------------------
+def add_eval_predictor_parser(sub) -> None:
+    p = sub.add_parser("eval-predictor", help="train and test the learned length predictor on disjoint rollouts")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a local model folder to roll out (e.g. the tiny model: make-tiny-model DIR)")
+    src.add_argument("--trace", help="test rollouts: a JSONL trace with token ids (core/trace.py: prompt_tokens, "
+                                     "tokens, optionally logprobs/entropies/stop_logprobs); needs --trace-train")
+    p.add_argument("--trace-train", action="append", default=[],
+                   help="with --trace: a training rollout's trace (repeat: one per epoch, replayed in order)")
+    p.add_argument("--k", type=int, default=8, help="tokens generated when predictions are scored (default 8)")
+    p.add_argument("--predictor", default=None, help="spec of the predictor under test (default learned:k=K)")
+    p.add_argument("--slots", type=int, default=8, help="M: samples decoded at once in the scheduler comparison")
+    p.add_argument("--max-len", type=int, default=128, help="response cap (--model: max new tokens)")
+    p.add_argument("--train-rollouts", type=int, default=4, help="--model: training epochs before the test")
+    p.add_argument("--train-prompts", type=int, default=16)
+    p.add_argument("--train-group", type=int, default=16, help="--model: samples per training prompt")
+    p.add_argument("--test-prompts", type=int, default=8)
+    p.add_argument("--test-group", type=int, default=32, help="--model: samples per test prompt")
+    p.add_argument("--eos-bias", type=float, default=0.0, help="--model: added to the eos logit (moves lengths)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="--model: torch threads")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_eval_predictor)
+
+
+def _cmd_eval_predictor(args) -> int:
+    from ..cli import _progress, format_table
+
+    if args.k < 1:
+        raise ValueError(f"--k must be >= 1 (tokens generated when predictions are scored), got {args.k}")
+    if args.slots < 1:
+        raise ValueError(f"--slots must be >= 1, got {args.slots}")
+    spec = args.predictor or f"learned:k={args.k}"
+    if args.model:
+        import torch
+
+        from ..engines.transformers_engine import TransformersEngine
+
+        torch.set_num_threads(args.threads)
+        engine = TransformersEngine.from_pretrained(args.model)
+        rollouts = model_rollouts(args.model, train_rollouts=args.train_rollouts, train_prompts=args.train_prompts,
+                                  train_group=args.train_group, test_prompts=args.test_prompts,
+                                  test_group=args.test_group, max_new_tokens=args.max_len, seed=args.seed,
+                                  eos_bias=args.eos_bias, engine=engine, progress=_progress)
+        train, test = rollouts.train, rollouts.test
+    else:
+        if not args.trace_train:
+            raise ValueError("--trace needs at least one --trace-train FILE (training rollouts, disjoint from the "
+                             "test)")
+        train, test = [read_trace(f) for f in args.trace_train], read_trace(args.trace)
+    result, predictor = evaluate_predictor(train, test, spec=spec, k=args.k, slots=args.slots, max_len=args.max_len,
+                                           seed=args.seed, progress=_progress)
+    if args.model:
+        result.cost = measure_cost(engine, rollouts, predictor, args.slots)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    d = result.as_dict()
+    print(f"{d['predictor']}: {d['train_rollouts']} training rollouts ({d['train_samples']} samples), test on "
+          f"{d['test_samples']} samples of disjoint prompts, scored at k={d['k']} tokens")
+    print(format_table([{"predictor": d["predictor"], "kendall_tau": d["kendall_tau"], "mae": d["mae"]},
+                        {"predictor": "history", "kendall_tau": d["history_kendall_tau"], "mae": d["history_mae"]}],
+                       ["predictor", "kendall_tau", "mae"]))
+    print(format_table([{"policy": "infinite" if n != "oracle" else "oracle", "predictor": n, "decode_steps": v,
+                         "vs_oracle": round(v / d["decode_steps"]["oracle"], 4)} for n, v in d["decode_steps"].items()],
+                       ["policy", "predictor", "decode_steps", "vs_oracle"]))
+    if d["cost"]:
+        print(f"predictor cost: {d['cost']['predictor_ms_per_step']} ms per decode step of {d['cost']['step_ms']} ms "
+              f"({100 * d['cost']['predictor_share']:.2f}%)")
+    return 0

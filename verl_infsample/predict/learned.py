@@ -1,0 +1,290 @@
+"""``learned``: a length predictor that learns the policy online, from every finished rollout.
+
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), then 1, 4, 16, ... (powers
+of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8). Each checkpoint has its own ridge regressor on
+log(remaining tokens), over ``features.feature_vector``: the prompt (length, hashed token n-grams), the prompt's
+earlier rollouts, the group's finished siblings and the sample's own tokens so far (token n-grams, log-probs, the
+entropy and stop probability of the distribution it draws from). Between checkpoints a prediction
+holds: engines report a sample's tokens only when it reaches a checkpoint (``token_checkpoints``), so most decode
+steps cost nothing. Samples still waiting share one prediction per group (they differ in nothing yet), refreshed
+when a sibling finishes.
+
+Learning: when a sample finishes, its true length labels the feature snapshot it left at each checkpoint it passed
+(so each regressor sees exactly the samples that were still running at its k, as at prediction time). Sufficient
+statistics decay by ``forget`` per observation: the policy changes every training step, and old rollouts fade
+(memory of about 1 / (1 - forget) samples per checkpoint). Until a checkpoint has seen ``min_samples`` samples its
+predictions come from the core's ``history`` predictor. ``save``/``load`` (or ``state=PATH`` in the spec) carry the
+state across training steps and restarts.
+
+Spec: ``learned[:k=K][,forget=F][,min=N][,state=PATH]``, e.g. ``learned:k=8`` or ``learned:state=/ckpt/len.npz``.
+
+The ridge systems are solved by warm-started conjugate gradients (matrix-vector products only): LAPACK's solve
+spins up BLAS threads, which on a loaded machine cost milliseconds for a 100 x 100 system.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..core.predictor import HistoryPredictor
+from ..core.sample import Group, Sample
+from .features import DIM, GroupContext, TokenWindow, feature_vector, prompt_vector
+
+STATE_VERSION = 1
+
+
+def checkpoints_up_to(k: int) -> tuple[int, ...]:
+    """0, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
+    if k < 1:
+        raise ValueError(f"predictor 'learned:k=K' needs K >= 1, got {k}")
+    points, p = [0], 1
+    while p < k:
+        points.append(p)
+        p *= 4
+    return tuple(points + [k])
+
+
+@dataclass
+class _LiveSample:
+    """A started sample of the current batch: the feature snapshots it left at checkpoints."""
+
+    generated: int = 0  # tokens at its latest checkpoint
+    snapshots: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (checkpoint index, features)
+    cached: float | None = None  # prediction at its latest checkpoint (None: recompute)
+
+
+class LearnedPredictor:
+    """Online ridge regressors on log remaining length, one per checkpoint; ``history`` until trained."""
+
+    name = "learned"
+
+    def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.995, ridge: float = 10.0,
+                 min_samples: int = 32, refit_every: int = 16, state_path: str | Path | None = None):
+        if not 0 < forget <= 1:
+            raise ValueError(f"predictor 'learned:forget=F' needs 0 < F <= 1, got {forget}")
+        if min_samples < 1:
+            raise ValueError(f"predictor 'learned:min=N' needs N >= 1, got {min_samples}")
+        self.max_len, self.k, self.forget, self.ridge = max_len, k, forget, ridge
+        self.min_samples, self.refit_every = min_samples, refit_every
+        self.checkpoints = checkpoints_up_to(k)
+        self.token_checkpoints = frozenset(self.checkpoints[1:])  # where engines report a sample's tokens
+        self.name = f"learned:k={k}"
+        c = len(self.checkpoints)
+        # decayed sums, stored divided by ``_scale`` (decay costs one multiply, not a pass over the matrix)
+        self._A = np.zeros((c, DIM, DIM))
+        self._b = np.zeros((c, DIM))
+        self._scale = np.ones(c)
+        self._seen = np.zeros(c, dtype=np.int64)  # samples each checkpoint has learned from (no decay)
+        self._w = np.zeros((c, DIM))
+        self._pending = np.zeros(c, dtype=np.int64)  # observations since the last solve
+        self._solved = np.zeros(c, dtype=bool)
+        self._outer = np.empty((DIM, DIM))
+        self.history = HistoryPredictor(max_len)
+        self._history_log: dict[str, list[float]] = {}  # prompt id -> [sum of log length, count]
+        self._prompts: dict[str, np.ndarray] = {}  # prompt id -> prompt_vector (latest batch's prompts)
+        self._groups: dict[str, GroupContext] = {}
+        self._live: dict[tuple[str, int], _LiveSample] = {}
+        self.observed = 0
+        self._saved_at = 0
+        self.state_path = Path(state_path) if state_path else None
+        if self.state_path is not None and self.state_path.exists():
+            self.load(self.state_path)
+
+    # --- hooks the scheduler and engines call ------------------------------------------------------------------
+    def observe_prompt(self, prompt_id: str, token_ids: Sequence[int]) -> None:
+        """An engine's prompt tokens, before the batch is planned (prompt features; optional)."""
+        self._prompts[str(prompt_id)] = prompt_vector(token_ids)
+        if len(self._prompts) > 65_536:  # bounded: the oldest prompts go first
+            del self._prompts[next(iter(self._prompts))]
+
+    def start_batch(self, groups: Sequence[Group]) -> None:
+        """A new rollout: per-batch state (siblings, in-flight samples) starts empty; persist what was learned."""
+        self._groups = {g.prompt_id: self._new_context(g) for g in groups}
+        self._live = {}
+        if self.state_path is not None and self.observed > self._saved_at:
+            self.save(self.state_path)
+
+    def predict(self, group: Group, sample: Sample | None) -> float:
+        ctx = self._context(group)
+        live = self._live.get((group.prompt_id, sample.index)) if sample is not None else None
+        if live is None or not live.snapshots:  # not started: the group's shared prediction
+            if ctx.waiting is None or ctx.waiting[0] != ctx.finished:
+                x = feature_vector(ctx, None)
+                ctx.waiting = (ctx.finished, x, self._final(group, sample, 0, x, 0))
+            return ctx.waiting[2]
+        if live.cached is None:
+            ci, x = live.snapshots[-1]
+            live.cached = self._final(group, sample, ci, x, live.generated)
+        return live.cached
+
+    def _final(self, group: Group, sample: Sample | None, ci: int, x: np.ndarray, generated: int) -> float:
+        final = self._regress(ci, x)
+        if final is None:  # this checkpoint has not seen enough samples yet
+            final = self.history.predict(group, sample)
+        return float(min(self.max_len, max(generated + 1.0, final)))
+
+    def observe_tokens(self, group: Group, sample: Sample, window: TokenWindow) -> bool:
+        """A running sample reached a checkpoint (``len(window.token_ids)`` tokens): snapshot its features and
+        re-predict. True when its prediction changed (always, at a checkpoint)."""
+        key = (group.prompt_id, sample.index)
+        live = self._live.get(key)
+        if live is None:
+            live = self._live[key] = _LiveSample()
+        ctx = self._context(group)
+        if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
+            live.snapshots.append((0, feature_vector(ctx, None)))
+        n = len(window.token_ids)
+        if n not in self.token_checkpoints or n <= live.generated:
+            return False
+        live.snapshots.append((self.checkpoints.index(n), feature_vector(ctx, window)))
+        live.generated, live.cached = n, None
+        return True
+
+    def observe(self, group: Group, sample: Sample | None, length: int) -> None:
+        """A sample finished with ``length`` tokens: label its snapshots, update history and its siblings' context."""
+        self.history.observe(group, sample, length)
+        h = self._history_log.setdefault(group.prompt_id, [0.0, 0])
+        h[0] += math.log(length)
+        h[1] += 1
+        ctx = self._context(group)
+        live = self._live.pop((group.prompt_id, sample.index), None) if sample is not None else None
+        if live is not None and live.snapshots:
+            snapshots = live.snapshots
+        elif ctx.waiting is not None:  # no tokens seen (a simulator): the features it was predicted from
+            snapshots = [(0, ctx.waiting[1])]
+        else:
+            snapshots = [(0, feature_vector(ctx, None))]
+        for ci, x in snapshots:
+            remaining = length - self.checkpoints[ci]
+            if remaining >= 1:
+                self._learn(ci, x, math.log(remaining))
+        ctx.finished += 1
+        ctx.finished_log_len_sum += math.log(length)
+        self.observed += 1
+
+    # --- the regressors ------------------------------------------------------------------------------------------
+    def _learn(self, ci: int, x: np.ndarray, y: float) -> None:
+        self._scale[ci] *= self.forget
+        if self._scale[ci] < 1e-100:  # fold the scale in before it underflows
+            self._A[ci] *= self._scale[ci]
+            self._b[ci] *= self._scale[ci]
+            self._scale[ci] = 1.0
+        xs = x / self._scale[ci]
+        np.multiply(xs[:, None], x[None, :], out=self._outer)
+        self._A[ci] += self._outer
+        self._b[ci] += y * xs
+        self._seen[ci] += 1
+        self._pending[ci] += 1
+
+    def _regress(self, ci: int, x: np.ndarray) -> float | None:
+        """Predicted final length from checkpoint ``ci``'s regressor, or None while it is untrained."""
+        if self._seen[ci] < self.min_samples:
+            return None
+        if self._pending[ci] >= self.refit_every or not self._solved[ci]:
+            self._solve(ci)
+        y = min(max(float(self._w[ci] @ x), 0.0), math.log(self.max_len))
+        return self.checkpoints[ci] + math.exp(y)
+
+    def _solve(self, ci: int, iterations: int = 3 * DIM, tol: float = 1e-14) -> None:
+        """w = (A + ridge I)^-1 b by conjugate gradients from the previous w (few steps: A moved a little)."""
+        A, b, ridge = self._A[ci], self._b[ci], self.ridge / self._scale[ci]  # both sides divided by the scale
+        w = self._w[ci].copy()
+        r = b - (A @ w + ridge * w)
+        p, rr = r.copy(), float(r @ r)
+        stop = tol * max(1.0, float(b @ b))
+        for _ in range(iterations):
+            if rr <= stop:
+                break
+            Ap = A @ p + ridge * p
+            alpha = rr / float(p @ Ap)
+            w += alpha * p
+            r -= alpha * Ap
+            rr, rr_old = float(r @ r), rr
+            p = r + (rr / rr_old) * p
+        self._w[ci], self._pending[ci], self._solved[ci] = w, 0, True
+
+    def refit(self) -> None:
+        """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
+        for ci in np.flatnonzero(self._seen >= self.min_samples):
+            self._solve(int(ci))
+
+    def trained_checkpoints(self) -> list[int]:
+        """Checkpoints (tokens) whose regressor has left the ``history`` fallback."""
+        return [k for k, n in zip(self.checkpoints, self._seen) if n >= self.min_samples]
+
+    # --- per-batch context ---------------------------------------------------------------------------------------
+    def _new_context(self, group: Group) -> GroupContext:
+        h = self._history_log.get(group.prompt_id)
+        return GroupContext(size=group.size, prompt_len=group.prompt_len, prompt=self._prompts.get(group.prompt_id),
+                            history_log_len=h[0] / h[1] if h else None)
+
+    def _context(self, group: Group) -> GroupContext:
+        ctx = self._groups.get(group.prompt_id)
+        if ctx is None:  # used without start_batch (a scheduler without the hook): one context per prompt
+            ctx = self._groups[group.prompt_id] = self._new_context(group)
+        return ctx
+
+    # --- persistence ---------------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write the learned state (regressors, history) to ``path`` (.npz), atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"version": STATE_VERSION, "dim": DIM, "checkpoints": list(self.checkpoints), "observed": self.observed,
+                "history_log": self._history_log,
+                "history": {"sum": dict(self.history._sum), "count": dict(self.history._count),
+                            "global_sum": self.history._global_sum, "global_count": self.history._global_count}}
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, A=self._A * self._scale[:, None, None], b=self._b * self._scale[:, None], seen=self._seen,
+                 meta=np.array(json.dumps(meta)))
+        tmp.replace(path)
+        self._saved_at = self.observed
+
+    def load(self, path: str | Path) -> None:
+        """Warm-start from a state ``save`` wrote; a state of other checkpoints or features is refused."""
+        path = Path(path)
+        try:
+            with np.load(path) as z:
+                meta = json.loads(str(z["meta"]))
+                A, b, seen = z["A"], z["b"], z["seen"]
+        except (OSError, KeyError, ValueError) as e:
+            raise ValueError(f"predictor state {path}: cannot read it ({e}); delete it to start fresh") from None
+        if meta.get("version") != STATE_VERSION or meta.get("dim") != DIM:
+            raise ValueError(f"predictor state {path}: written by another version of the features "
+                             f"(version {meta.get('version')}, dim {meta.get('dim')}); delete it to start fresh")
+        if tuple(meta["checkpoints"]) != self.checkpoints:
+            raise ValueError(f"predictor state {path}: learned at checkpoints {meta['checkpoints']}, this predictor "
+                             f"uses {list(self.checkpoints)} (k={self.k}); use the same k or delete the file")
+        self._A, self._b, self._seen = A.copy(), b.copy(), seen.copy()
+        self._scale = np.ones(len(self.checkpoints))
+        self._w = np.zeros_like(self._b)
+        self._pending = np.zeros_like(self._seen)
+        self._solved = np.zeros(len(self.checkpoints), dtype=bool)
+        self.observed = self._saved_at = int(meta["observed"])
+        self._history_log = {k: list(v) for k, v in meta["history_log"].items()}
+        h = meta["history"]
+        self.history._sum.update(h["sum"])
+        self.history._count.update(h["count"])
+        self.history._global_sum, self.history._global_count = h["global_sum"], h["global_count"]
+
+
+def parse_learned_spec(arg: str, max_len: int) -> LearnedPredictor:
+    """``k=8,forget=0.99,min=32,state=PATH`` (any subset, any order) -> a ``LearnedPredictor``."""
+    options: dict = {}
+    names = {"k": ("k", int), "forget": ("forget", float), "min": ("min_samples", int), "state": ("state_path", str)}
+    for item in filter(None, (a.strip() for a in arg.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in names:
+            raise ValueError(f"predictor 'learned:{arg}': cannot read {item!r}; expected KEY=VALUE with KEY one of "
+                             "k, forget, min, state (e.g. learned:k=8,state=/tmp/lengths.npz)")
+        option, kind = names[key]
+        try:
+            options[option] = kind(value)
+        except ValueError:
+            raise ValueError(f"predictor 'learned:{arg}': {key} needs a {kind.__name__}, got {value!r}") from None
+    return LearnedPredictor(max_len, **options)
