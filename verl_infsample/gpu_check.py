@@ -87,7 +87,7 @@ def _summary(r, wall: float, peak_mem) -> dict:
             "decode_steps": v.engine_steps, "tokens": r.total_tokens, "tokens_per_s": round(r.total_tokens / wall, 1),
             "wall_s": round(wall, 2), "preemptions": v.preemptions, "core_preemptions": v.core_preemptions,
             "peak_running": v.peak_running, "peak_kv_usage": round(v.peak_kv_usage, 4),
-            "cached_prompt_tokens": v.cached_prompt_tokens}
+            "cached_prompt_tokens": v.cached_prompt_tokens, "computed_tokens": v.computed_tokens}
 
 
 def run(a: argparse.Namespace) -> dict:

@@ -4,7 +4,7 @@ Not named test_*.py on purpose: the main suite (verl's environment, no vLLM) mus
 ``.venv-vllm/bin/python -m pytest -q tests/vllm_env/vllm_cases.py`` (``INFSAMPLE_VLLM_TEST_MODEL`` = a tiny-model
 folder; by default the cached one is built or reused).
 
-One engine serves every case: 20 KV blocks of 32 tokens (608 usable tokens, block 0 is vLLM's null block) and
+One engine serves every case: 20 KV blocks of 32 tokens (19 usable, block 0 is vLLM's null block) and
 max_num_seqs=32, so verl's plain submission of 2 prompts x 8 samples is admitted at once and must preempt.
 """
 
@@ -72,6 +72,7 @@ def _report(name, r):
     v = r.vllm
     print(json.dumps({"run": name, "engine_steps": v.engine_steps, "vllm_preemptions": v.preemptions,
                       "core_preemptions": v.core_preemptions, "lagged_tokens": v.lagged_tokens,
+                      "computed_tokens": v.computed_tokens,
                       "peak_kv_usage": round(v.peak_kv_usage, 3), "peak_running": v.peak_running,
                       "tokens": r.total_tokens}))
 
@@ -110,13 +111,18 @@ def test_other_seed_other_tokens(engine, prompts, plain):
 
 
 def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, plain):
-    """Same KV cache, same seed: the core admits by projected peak, so vLLM never preempts; the plain run did.
-    With true lengths (oracle) nothing is preempted at all and the outputs equal the plain run's."""
+    """Same KV cache, same seed: the core admits by the projected peak in vLLM's own blocks, so vLLM never preempts;
+    the plain run did. With true lengths (oracle) nothing is preempted at all, the outputs equal the plain run's,
+    the admitted batches fill vLLM's cache (block-exact: no slack per sample) and the rollout takes no more engine
+    steps than plain submission (96, the longest sample, vs 97)."""
     lengths = [[len(t) for t in group] for group in _tokens(plain)]
     oracle = engine.rollout(prompts[0], G, _params(prompts), policy="oracle", true_lengths=lengths)
     _report("oracle", oracle)
     assert oracle.vllm.preemptions == 0 and oracle.vllm.core_preemptions == 0 and oracle.vllm.lagged_tokens == 0
     assert _tokens(oracle) == _tokens(plain)
+    assert oracle.vllm.peak_kv_usage >= 0.9, "block-exact admission fills vLLM's cache"
+    assert oracle.vllm.engine_steps <= plain.vllm.engine_steps
+    assert oracle.vllm.computed_tokens <= plain.vllm.computed_tokens
 
     from verl_infsample.core.predictor import make_predictor
 
@@ -128,6 +134,25 @@ def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, p
     assert infinite.vllm.peak_kv_usage <= 1.0
     print(json.dumps({"steps_plain": plain.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
                       "steps_infinite": infinite.vllm.engine_steps}))
+
+
+def test_large_groups_no_preemption_fewer_tokens_but_more_steps(engine, prompts):
+    """2 prompts x G=32 in the same 19 blocks: plain submission preempts dozens of times, oracle admission never.
+    vLLM recomputes a preempted request inside ordinary steps, mostly from its still-cached blocks, so preemption
+    costs plain few steps: it keeps the cache full by overcommitting, while a schedule that never preempts must
+    reserve each running sample's growth. So oracle computes fewer tokens (no recompute) but runs more steps; the
+    figures are printed, the direction of each asserted."""
+    big = engine.rollout_plain(prompts[0], 32, _params(prompts))
+    _report("plain G=32", big)
+    lengths = [[len(t) for t in group] for group in _tokens(big)]
+    oracle = engine.rollout(prompts[0], 32, _params(prompts), policy="oracle", true_lengths=lengths)
+    _report("oracle G=32", oracle)
+    assert big.vllm.preemptions >= 20
+    assert oracle.vllm.preemptions == 0 and oracle.vllm.core_preemptions == 0 and _tokens(oracle) == _tokens(big)
+    assert oracle.vllm.computed_tokens < big.vllm.computed_tokens
+    assert oracle.vllm.peak_kv_usage == 1.0
+    print(json.dumps({"G": 32, "steps_plain": big.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
+                      "computed_plain": big.vllm.computed_tokens, "computed_oracle": oracle.vllm.computed_tokens}))
 
 
 def test_a_failing_rollout_aborts_every_request(engine, prompts):

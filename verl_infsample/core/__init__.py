@@ -3,7 +3,7 @@
 Pure Python + numpy: nothing here imports torch, Ray or verl.
 """
 
-from .capacity import KVBudget, SlotPool
+from .capacity import KVBudget, PagedKVBudget, SlotPool
 from .fptas import LaneSchedule, exact_makespan, fptas_schedule, lower_bound, lpt_schedule
 from .policies import POLICIES, Policy, make_policy
 from .predictor import PREDICTORS, LengthPredictor, make_predictor
@@ -12,7 +12,8 @@ from .scheduler import Scheduler, SchedulerStats
 from .trace import TraceError, TracePrompt, read_trace, synth_trace, write_trace
 
 __all__ = [
-    "Group", "KVBudget", "LaneSchedule", "LengthPredictor", "POLICIES", "PREDICTORS", "Policy", "Sample",
+    "Group", "KVBudget", "LaneSchedule", "LengthPredictor", "POLICIES", "PREDICTORS", "PagedKVBudget", "Policy",
+    "Sample",
     "SampleState", "Scheduler", "SchedulerStats", "SlotPool", "TraceError", "TracePrompt", "exact_makespan",
     "fptas_schedule", "lower_bound", "lpt_schedule", "make_policy", "make_predictor", "read_trace", "synth_trace",
     "write_trace",

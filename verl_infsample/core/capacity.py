@@ -4,13 +4,16 @@
 holds the prompt of each group with a sample running, once, plus every running sample's generated tokens. A sample is admitted only
 if the projected KV of the running set, every sample ending at its predicted length, never exceeds the budget (the
 scheduler never plans past it); if reality outgrows the prediction, the engine must preempt, and the scheduler
-counts it.
+counts it. ``PagedKVBudget`` is the same budget in the blocks a paged, prefix-caching engine (vLLM) allocates.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from .sample import Sample
 
@@ -20,6 +23,7 @@ class Ledger(Protocol):
 
     num_running: int
     kv_tokens: int
+    running: list[Sample]
 
     def projected_peak_tokens(self, extra: Sample | None = None) -> int: ...
 
@@ -93,6 +97,83 @@ class KVBudget:
 
     def __str__(self) -> str:
         return f"kv_budget={self.tokens}"
+
+
+@dataclass(frozen=True, init=False)
+class PagedKVBudget(KVBudget):
+    """A KV budget counted in the blocks a paged engine with prefix caching allocates (vLLM's), not in tokens.
+
+    Such an engine shares a prompt's full blocks between the samples of its group, except the block that holds the
+    prompt's last token (the engine recomputes that token for its logits, so every sample holds its own copy). So
+    a group with prompt p holds ``(p - r) / block_size`` shared blocks, r = ((p - 1) % block_size) + 1 being the
+    prompt's tail, and a sample that has generated g tokens holds ceil((r + g) / block_size) blocks of its own while
+    it decodes its next token (the KV of its last token is computed in that step). Admission charges exactly that,
+    projected to the peak over the running set's predicted remaining lengths, so what the core admits is what the
+    engine allocates: no ``block_size - 1`` slack per holder, and the engine never preempts on its own unless a
+    sample outgrows its prediction (then the core preempts first). ``tokens`` is ``blocks * block_size``.
+    """
+
+    blocks: int = 0
+
+    def __init__(self, blocks: int, block_size: int, max_running: int | None = None):
+        if blocks < 1:
+            raise ValueError(f"kv_blocks must be >= 1, got {blocks}")
+        object.__setattr__(self, "blocks", blocks)
+        super().__init__(blocks * block_size, block_size, max_running)
+
+    def tail(self, prompt_len: int) -> int:
+        """Prompt tokens in a sample's own first block (the prompt block it does not share)."""
+        return (prompt_len - 1) % self.block_size + 1 if prompt_len > 0 else 0
+
+    def shared_blocks(self, prompt_len: int) -> int:
+        return (prompt_len - self.tail(prompt_len)) // self.block_size
+
+    def sample_blocks(self, prompt_len: int, tokens_before_step: int) -> int:
+        """Blocks of its own a sample holds in the step that decodes its next token."""
+        return math.ceil((self.tail(prompt_len) + tokens_before_step) / self.block_size)
+
+    def check_fits(self, prompt_len: int, max_len: int) -> None:
+        need = self.shared_blocks(prompt_len) + self.sample_blocks(prompt_len, max_len - 1)
+        if need > self.blocks:
+            raise ValueError(
+                f"kv_budget of {self.blocks} blocks of {self.block_size} tokens cannot hold one sample: the longest "
+                f"prompt ({prompt_len}) plus the longest response ({max_len}) needs {need} blocks; raise kv_budget "
+                "(or the engine's KV blocks) to at least that")
+
+    def projected_peak_blocks(self, members: list[Sample]) -> int:
+        """Peak blocks of ``members`` if each ends at its predicted length: every candidate time is a sample's last
+        step (between two of them no sample leaves and every sample's blocks only grow)."""
+        if not members:
+            return 0
+        bs = self.block_size
+        steps = np.array([math.ceil(s.remaining_predicted() - 1e-9) for s in members])  # steps still to run
+        base = np.array([self.tail(s.prompt_len) + s.generated for s in members])
+        at = np.unique(steps - 1)  # candidate peak times, 0 = the next step
+        runs = at[None, :] < steps[:, None]
+        own = ((base[:, None] + at[None, :] + bs - 1) // bs * runs).sum(axis=0)
+        group_end: dict[int, int] = {}
+        shared: dict[int, int] = {}
+        for s, n in zip(members, steps.tolist()):
+            group_end[s.group] = max(group_end.get(s.group, 0), n)
+            shared[s.group] = self.shared_blocks(s.prompt_len)
+        prompts = sum(shared[g] * (at < end) for g, end in group_end.items())
+        return int(np.max(own + prompts))
+
+    def blocks_in_use(self, running: list[Sample]) -> int:
+        """Blocks the next step allocates for ``running``."""
+        groups = {s.group: self.shared_blocks(s.prompt_len) for s in running}
+        return sum(self.sample_blocks(s.prompt_len, s.generated) for s in running) + sum(groups.values())
+
+    def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        if self.max_running is not None and ledger.num_running >= self.max_running:
+            return False
+        return self.projected_peak_blocks([*ledger.running, sample]) <= self.blocks
+
+    def overflows(self, ledger: Ledger) -> bool:
+        return self.blocks_in_use(ledger.running) > self.blocks
+
+    def __str__(self) -> str:
+        return f"kv_budget={self.blocks} blocks of {self.block_size}"
 
 
 Capacity = SlotPool | KVBudget

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from ..core.sample import Sample
 from ..core.scheduler import Scheduler
@@ -20,6 +20,23 @@ class Engine(Protocol):
 
     def release(self, sched: Scheduler, samples: list[Sample]) -> None:
         """Free what retired or preempted samples held (and a group's prompt KV once the scheduler no longer holds it)."""
+
+
+def check_batch(prompts: Sequence[Sequence[int]], n: int | Sequence[int], prompt_ids: Sequence[str] | None,
+                max_new_tokens: int, max_len: int, limit: str) -> tuple[list[int], list[str]]:
+    """A rollout request's group sizes and prompt ids, or a clear error: one n per prompt, no empty prompt, every
+    prompt plus ``max_new_tokens`` within the engine's ``max_len`` (``limit`` names that limit and its fix)."""
+    sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
+    if len(sizes) != len(prompts):
+        raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
+    prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
+        if len(p) + max_new_tokens > max_len:
+            raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens={max_new_tokens} "
+                             f"it exceeds {limit}")
+    return sizes, prompt_ids
 
 
 @dataclass

@@ -11,12 +11,13 @@ iteration is exactly one ``LLMEngine.step()``. What vLLM already does is used, n
 * **cancellation**: ``abort_request``: a sample the core preempts, and everything in flight when a rollout fails;
 * **preemptions**: counted from vLLM's own stat-logger interface (``IterationStats.num_preempted_reqs``).
 
-The core's KV budget is vLLM's KV cache: ``(num_gpu_blocks - 1) * block_size`` tokens (block 0 is vLLM's null
-block). vLLM shares a prompt's full blocks only, and recomputes the last block when all of them hit the cache, so a
-sample's own blocks start with its prompt's tail of r = ((p - 1) % block_size) + 1 tokens and end with up to
-block_size - 1 unused: the core charges ``block_size - 1 + max r`` tokens of slack per holder (``kv_budget``),
-which covers both for any number of samples per group. So what the core admits fits vLLM's blocks, and vLLM
-never preempts on its own; the budget is tightest for prompts of 1 (mod block_size) tokens.
+The core's KV budget is vLLM's KV cache in blocks: ``num_gpu_blocks - 1`` (block 0 is vLLM's null block), as a
+``PagedKVBudget``. vLLM shares a prompt's full blocks only, and recomputes the last block when all of them hit the
+cache, so a sample's own blocks start with its prompt's tail of r = ((p - 1) % block_size) + 1 tokens: the core
+charges each group's shared blocks once and each sample's ceil((r + generated) / block_size) blocks, projected to
+the peak over predicted lengths. So what the core admits is exactly what vLLM allocates, and vLLM never preempts
+on its own (with exact predictions it fills its cache; a sample that outgrows its prediction is preempted by the
+core first).
 
 **Seeds**: each request carries ``SamplingParams(seed=...)`` keyed by (seed, prompt id, sample index), so vLLM draws
 it from its own ``torch.Generator`` (exponential race, i.e. Gumbel-max) whatever else is in the batch: the same seed
@@ -41,12 +42,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.capacity import Capacity, KVBudget, PagedKVBudget, SlotPool
 from ..core.policies import make_policy
 from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample, SampleState
 from ..core.scheduler import Scheduler, SchedulerStats
-from .base import LoopTiming, run_rollout
+from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import KVStats
 from .sampling import SamplingParams
 from .transformers_engine import EngineRollout, SampleOutput
@@ -79,6 +80,10 @@ class VLLMStats:
     preemptions: int = 0  # requests vLLM preempted (its own scheduler ran out of KV blocks)
     core_preemptions: int = 0  # samples the core preempted (aborted and resumed later); not vLLM's
     lagged_tokens: int = 0  # running samples that got no token in a step (vLLM left them waiting): 0 in lockstep
+    # tokens vLLM's scheduler ran through the model (its SchedulerOutput.total_num_scheduled_tokens): prefill not
+    # served by the prefix cache, a preempted request's recompute included, plus one per decode; the price of a
+    # preemption that the step count hides (vLLM recomputes inside ordinary steps). vLLM's own stats omit recompute
+    computed_tokens: int = 0
     peak_kv_usage: float = 0.0  # max fraction of vLLM's KV blocks in use after a step
     peak_running: int = 0
     prompt_tokens: int = 0  # prompt tokens of every request (continuations included)
@@ -94,6 +99,10 @@ class _StatsSink:
     def __init__(self):
         self.current: VLLMStats | None = None
         self.step = 0
+
+    def count_scheduled(self, scheduler_output) -> None:
+        if self.current is not None:
+            self.current.computed_tokens += int(scheduler_output.total_num_scheduled_tokens)
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         st = self.current
@@ -128,6 +137,22 @@ def _stat_logger_factory(sink: _StatsSink):
             pass
 
     return InfsampleStatLogger
+
+
+def _count_scheduled_tokens(llm, sink: _StatsSink) -> None:
+    """Wrap the in-process engine core's ``Scheduler.schedule`` so every step's scheduled tokens reach ``sink``
+    (with the core in another process, VLLM_ENABLE_V1_MULTIPROCESSING=1, ``computed_tokens`` stays 0)."""
+    scheduler = getattr(getattr(llm.engine_core, "engine_core", None), "scheduler", None)
+    if scheduler is None:
+        return
+    schedule = scheduler.schedule
+
+    def counted_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        sink.count_scheduled(out)
+        return out
+
+    scheduler.schedule = counted_schedule
 
 
 def _load_weights_on_worker(worker, weights: list) -> int:
@@ -171,6 +196,7 @@ class VLLMEngine:
         args.update(engine_kwargs)
         self._sink = _StatsSink()
         self.llm = LLMEngine.from_engine_args(EngineArgs(**args), stat_loggers=[_stat_logger_factory(self._sink)])
+        _count_scheduled_tokens(self.llm, self._sink)
         cfg = self.llm.vllm_config
         self.max_num_seqs = cfg.scheduler_config.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler_config.max_num_batched_tokens
@@ -193,22 +219,21 @@ class VLLMEngine:
         """Tokens vLLM's KV cache holds (its null block excluded)."""
         return (self.kv_blocks - 1) * self.block_size
 
-    def kv_budget(self, tokens: int | None = None, prompt_lens: Sequence[int] = ()) -> KVBudget:
-        """The core's budget for ``tokens`` of vLLM's KV (all of it by default), charging vLLM's block slack for
-        prompts of ``prompt_lens`` tokens (none given: the worst case, a whole block of prompt tail)."""
+    def kv_budget(self, tokens: int | None = None) -> PagedKVBudget:
+        """The core's budget for ``tokens`` of vLLM's KV (all of it by default) in whole vLLM blocks, charged
+        block-exactly (``PagedKVBudget``)."""
         tokens = self.kv_tokens if tokens is None else tokens
-        tail = max((((p - 1) % self.block_size) + 1 for p in prompt_lens), default=self.block_size)
         if tokens > self.kv_tokens:
             raise ValueError(f"kv_budget={tokens} tokens exceeds vLLM's KV cache of {self.kv_tokens} tokens "
                              f"({self.kv_blocks} blocks of {self.block_size}, one reserved); lower kv_budget or "
                              "build the engine with more kv_blocks")
-        return KVBudget(tokens, block_size=self.block_size + tail, max_running=self.max_num_seqs)
+        return PagedKVBudget(tokens // self.block_size, self.block_size, max_running=self.max_num_seqs)
 
-    def _capacity(self, capacity: Capacity | None, prompt_lens: list[int]) -> Capacity:
+    def _capacity(self, capacity: Capacity | None) -> Capacity:
         if capacity is None:
-            return self.kv_budget(prompt_lens=prompt_lens)
+            return self.kv_budget()
         if isinstance(capacity, KVBudget):
-            return self.kv_budget(capacity.tokens, prompt_lens)
+            return self.kv_budget(capacity.tokens)
         if capacity.slots > self.max_num_seqs:
             raise ValueError(f"slots={capacity.slots} exceeds the engine's max_num_seqs={self.max_num_seqs}; build "
                              "VLLMEngine with max_num_seqs >= slots")
@@ -227,7 +252,7 @@ class VLLMEngine:
         aborting every request in flight).
         """
         sizes, prompt_ids = self._check(prompts, n, params, prompt_ids)
-        capacity = self._capacity(capacity, [len(p) for p in prompts])
+        capacity = self._capacity(capacity)
         slots = capacity.slots if isinstance(capacity, SlotPool) else None
         pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
         spec = pol.forced_predictor or predictor
@@ -334,18 +359,10 @@ class VLLMEngine:
 
     # --- internals -----------------------------------------------------------------------------------------------
     def _check(self, prompts, n, params: SamplingParams, prompt_ids):
-        sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
-        if len(sizes) != len(prompts):
-            raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
-        prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
-            if len(p) + params.max_new_tokens > self.max_model_len:
-                raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens="
-                                 f"{params.max_new_tokens} it exceeds vLLM's max_model_len={self.max_model_len}; "
-                                 "shorten the prompt, lower max_new_tokens or build the engine with a larger "
-                                 "max_model_len")
+        sizes, prompt_ids = check_batch(
+            prompts, n, prompt_ids, params.max_new_tokens, self.max_model_len,
+            f"vLLM's max_model_len={self.max_model_len}; shorten the prompt, lower max_new_tokens or build the engine "
+            "with a larger max_model_len")
         if self._requests:
             raise RuntimeError("a rollout is already in flight on this engine")
         return sizes, prompt_ids
