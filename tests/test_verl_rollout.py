@@ -156,3 +156,18 @@ def test_weight_update_through_the_worker_adapter_changes_what_the_server_decode
         assert decode() == before  # the original weights bring the original outputs back
     finally:
         ray.kill(server)
+
+
+def test_step_seed_draws_fresh_samples_at_each_training_step():
+    """The server keys streams by (seed mixed with the step, prompt, index): a prompt seen again at a later step
+    must not replay the same samples, and the plain seed is kept when verl sends no step."""
+    from types import SimpleNamespace
+
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    def seed(base, step):
+        return InfiniteServer._step_seed(SimpleNamespace(seed=base, global_steps=step))
+
+    assert seed(3, None) == 3
+    assert seed(3, 1) == seed(3, 1)
+    assert len({seed(3, 1), seed(3, 2), seed(4, 1), seed(4, 2)}) == 4

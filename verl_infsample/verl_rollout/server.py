@@ -19,6 +19,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..settings import config_value, settings_from_rollout
+
 logger = logging.getLogger(__name__)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
 
@@ -45,7 +47,6 @@ class InfiniteServer:
         import torch
 
         from ..engines.transformers_engine import TransformersEngine
-        from ..settings import settings_from_rollout
 
         self.rollout = config
         self.settings = settings_from_rollout(config)
@@ -56,9 +57,9 @@ class InfiniteServer:
                                                          block_size=self.settings.block_size)
         self.stop_ids = _stop_token_ids(path)
         self.replica_rank = replica_rank
-        self.seed = int(_get(config, "seed", 0) or 0)
-        self.prompt_length = int(_get(config, "prompt_length", 512))
-        self.response_length = int(_get(config, "response_length", 512))
+        self.seed = int(config_value(config, "seed", 0) or 0)
+        self.prompt_length = int(config_value(config, "prompt_length", 512))
+        self.response_length = int(config_value(config, "response_length", 512))
         self.global_steps: int | None = None
         self._pending: list[_Request] = []
         self._issued: dict[tuple, int] = {}  # sample indices handed out per group this step
@@ -161,11 +162,11 @@ class InfiniteServer:
                         self._issued[key] = indices[-1] + 1
                 members.append((reqs, indices))
                 prompts.append(list(key[0]))
-                ids.append(f"{key_of_prompt}@{self.global_steps}")
+                ids.append(key_of_prompt)  # the predictor learns per prompt across steps
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
-                                    stop_token_ids=self.stop_ids, seed=self.seed)
+                                    stop_token_ids=self.stop_ids, seed=self._step_seed())
             capacity = (KVBudget(self.settings.kv_budget) if self.settings.kv_budget
-                        else SlotPool(self.settings.slots or int(_get(self.rollout, "max_num_seqs", 256))))
+                        else SlotPool(self.settings.slots or int(config_value(self.rollout, "max_num_seqs", 256))))
             if self._predictor is None:
                 self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
             for reqs, indices in members:
@@ -184,7 +185,7 @@ class InfiniteServer:
             self.last_rollout_metrics = {
                 "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
                 "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
-                "infsample/samples": len(batch), "infsample/wall_s": res.wall_s,
+                "infsample/samples": sum(len(ix) for _, ix in members), "infsample/wall_s": res.wall_s,
                 "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
             with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
                 self._step_metrics = merge_rollout_metrics(
@@ -195,6 +196,14 @@ class InfiniteServer:
                     results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
                     self._finished_lengths.append((prompt_key(key[0]), len(o.token_ids)))
         return [results[r.request_id] for r in batch]
+
+    def _step_seed(self) -> int:
+        """The rollout seed mixed with the training step: a prompt seen again at a later step draws fresh samples,
+        while within a step every sample's stream stays keyed by (seed, prompt, index), whatever the schedule."""
+        if self.global_steps is None:
+            return self.seed
+        digest = hashlib.blake2b(f"{self.seed}@{self.global_steps}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
 
     def _stop_if_aborted(self, sched) -> None:
         """Called by the engine after every decode step (in the rollout thread)."""
@@ -344,14 +353,6 @@ def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
 def prompt_key(prompt_ids) -> str:
     """A group's identity: a short hash of its prompt tokens (the server and the router compute the same one)."""
     return hashlib.blake2b(repr(tuple(int(t) for t in prompt_ids)).encode(), digest_size=8).hexdigest()
-
-
-def _get(cfg, key, default=None):
-    try:
-        value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    except Exception:  # noqa: BLE001 - config objects differ (DictConfig, dataclass)
-        value = default
-    return default if value is None else value
 
 
 def _stop_token_ids(path: str) -> tuple[int, ...]:
