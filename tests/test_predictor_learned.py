@@ -45,7 +45,7 @@ def _token_trace(n_prompts: int, group: int, seed: int, scale: float = 1.0, max_
 def test_spec_settings_and_bad_options():
     p = make_predictor("learned:k=8", max_len=128)
     assert isinstance(p, LearnedPredictor) and p.name == "learned:k=8"
-    assert p.checkpoints == (0, 1, 4, 8) and p.token_checkpoints == {1, 4, 8}
+    assert p.checkpoints == (0, 4, 8) and p.token_checkpoints == {4, 8}
     spec = "learned:k=16,forget=0.99"
     assert InfiniteRolloutSettings.from_custom({"predictor": spec}).predictor == spec
     with pytest.raises(ValueError, match="KEY one of k, forget, min, state"):
@@ -79,7 +79,7 @@ def test_learns_from_tokens_and_ranks_samples():
     for rollout in train:
         for p in (learned, history):
             simulate(rollout, "infinite", SlotPool(8), p, max_len=200)
-    assert learned.trained_checkpoints() == [0, 1, 4, 8]
+    assert learned.trained_checkpoints() == [0, 4, 8]
     _, at_k = replay_with_predictions(test, learned, 8, 8, 200)
     _, at_k_history = replay_with_predictions(test, history, 8, 8, 200)
     keys = sorted(at_k)
@@ -133,7 +133,7 @@ def test_save_load_warm_start_and_mismatch(tmp_path):
     window = TokenWindow(trace[0].tokens[0][:4])
     assert warm.observe_tokens(g, s, window) and p.observe_tokens(g, s, window)
     assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)
-    with pytest.raises(ValueError, match=r"learned at checkpoints \[0, 1, 4, 8\].*k=16"):
+    with pytest.raises(ValueError, match=r"learned at checkpoints \[0, 4, 8\].*k=16"):
         make_predictor(f"learned:k=16,state={state}", max_len=200)
     (tmp_path / "bad.npz").write_text("not a state")
     with pytest.raises(ValueError, match="bad.npz: cannot read it"):
@@ -258,8 +258,8 @@ def test_engine_reports_tokens_at_checkpoints(tiny_engine, tiny_rollouts):
     res = tiny_engine.rollout(ids, 16, params, policy="infinite", capacity=SlotPool(8), predictor=learned,
                               prompt_ids=texts)
     assert [[tuple(o.token_ids) for o in g] for g in res.outputs] == [list(t.tokens) for t in rollouts[0]]
-    assert set(seen) == {1, 4, 8}
-    assert seen.count(1) == sum(len(t) >= 1 for p in rollouts[0] for t in p.tokens)
+    assert set(seen) == {4, 8}
+    assert seen.count(4) == sum(len(t) >= 4 for p in rollouts[0] for t in p.tokens)
     assert 0 < res.stats.refine_ms / 1e3 < 0.1 * res.timing.engine_s
 
 

@@ -93,7 +93,7 @@ def distribution_stats(logits: np.ndarray, params: SamplingParams) -> tuple[np.n
     e = np.exp(z)
     total = e.sum(axis=1)
     log_total = np.log(total)
-    entropy = log_total - (e * z).sum(axis=1) / total
+    entropy = log_total - np.einsum("ij,ij->i", e, z) / total
     stop = list(params.stop_token_ids)
     with np.errstate(divide="ignore"):
         stop_logprob = (np.log(e[:, stop].sum(axis=1)) - log_total if stop

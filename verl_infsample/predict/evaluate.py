@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -68,6 +69,8 @@ class TokenRecorder:
 def record_rollout(engine, prompts: list[list[int]], prompt_ids: list[str], group_size: int, params,
                    slots: int = 64) -> list[TracePrompt]:
     """Roll ``prompts`` out on ``engine`` (a ``TransformersEngine``) and return the token trace, features included."""
+    if len(set(prompt_ids)) != len(prompt_ids):
+        raise ValueError("record_rollout: prompt ids must be unique within a rollout (samples are keyed by them)")
     recorder = TokenRecorder(params.max_new_tokens)
     run = engine.rollout(prompts, group_size, params, policy="lpt", capacity=SlotPool(slots), predictor=recorder,
                          prompt_ids=prompt_ids)
@@ -197,7 +200,8 @@ def model_rollouts(model_dir: str, *, train_rollouts: int = 4, train_prompts: in
                    test_prompts: int = 8, test_group: int = 32, max_new_tokens: int = 128, seed: int = 0,
                    eos_bias: float = 0.0, engine=None, progress=lambda items, desc: items) -> ModelRollouts:
     """Roll out the model on generated task prompts (``models.tiny.default_prompts``): training epochs at seeds
-    ``seed + 1 ...`` over one prompt set, the test at ``seed`` over another, minus any prompt text both share."""
+    ``seed + 1 ...`` over one prompt set, the test at ``seed`` over another (in shuffled order), minus any prompt
+    text both share."""
     from transformers import AutoTokenizer
 
     from ..engines.sampling import SamplingParams
@@ -206,9 +210,12 @@ def model_rollouts(model_dir: str, *, train_rollouts: int = 4, train_prompts: in
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = engine or TransformersEngine.from_pretrained(model_dir)
-    train_texts = default_prompts(train_prompts, seed=20_000 + seed)
+    train_texts = list(dict.fromkeys(default_prompts(train_prompts, seed=20_000 + seed)))  # a prompt id is its text
     test_texts = [t for t in dict.fromkeys(default_prompts(test_prompts + 8, seed=30_000 + seed))
                   if t not in set(train_texts)][:test_prompts]
+    # default_prompts cycles through the task kinds in a fixed order, so the batch order (which breaks ties in the
+    # plan: with equal predictions, groups go in batch order) would always end on the same kinds; shuffle it
+    random.Random(seed).shuffle(test_texts)
     encode = (lambda texts: [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                      tokenize=True, return_dict=False) for t in texts])
     stop = (tok.eos_token_id,)

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 PROMPT_BUCKETS = 32  # hashed unigrams + bigrams of the prompt's token ids
-TOKEN_BUCKETS = 32  # hashed unigrams of the generated tokens
+TOKEN_BUCKETS = 16  # hashed unigrams of the generated tokens
 EOS_FLOOR = -20.0  # log-probs of stopping below this carry no more information
 
 

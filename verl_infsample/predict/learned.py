@@ -1,7 +1,7 @@
 """``learned``: a length predictor that learns the policy online, from every finished rollout.
 
-A sample's remaining length is predicted at checkpoints k = 0 (before its first token), then 1, 4, 16, ... (powers
-of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8). Each checkpoint has its own ridge regressor on
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), then 4, 16, 64, ... (powers
+of 4 below K) and K generated tokens (K = 8: 0, 4, 8; K = 2: 0, 2). Each checkpoint has its own ridge regressor on
 log(remaining tokens), over ``features.feature_vector``: the prompt (length, hashed token n-grams), the prompt's
 earlier rollouts, the group's finished siblings and the sample's own tokens so far (token n-grams, log-probs, the
 entropy and stop probability of the distribution it draws from). Between checkpoints a prediction
@@ -43,7 +43,7 @@ def checkpoints_up_to(k: int) -> tuple[int, ...]:
     """0, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
     if k < 1:
         raise ValueError(f"predictor 'learned:k=K' needs K >= 1, got {k}")
-    points, p = [0], 1
+    points, p = [0], 4
     while p < k:
         points.append(p)
         p *= 4
