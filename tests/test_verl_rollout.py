@@ -33,6 +33,8 @@ def compose(*overrides):
     ("actor_rollout_ref.rollout.custom.policy=fastest", "custom.policy='fastest': unknown policy"),
     ("actor_rollout_ref.rollout.custom.kv_budget=100", "custom.kv_budget=100: too small for one prompt plus one"),
     ("actor_rollout_ref.rollout.custom.slots=0", "custom.slots=0: must be an integer >= 1"),
+    ("actor_rollout_ref.rollout.custom.engine=sglang",
+     "custom.engine='sglang': unknown engine; choose one of: transformers, vllm"),
 ])
 def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message):
     import verl.utils.config as verl_config
@@ -47,6 +49,25 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
     import ray
 
     assert not ray.is_initialized()
+
+
+def test_engine_setting_defaults_to_transformers_and_vllm_without_vllm_says_what_to_install(tiny_model_dir):
+    """custom.engine picks the server's engine (build_engine); verl's environment has no vLLM, so asking for it stops
+    the server at construction with the install hint, before any model is loaded."""
+    import importlib.util
+
+    from verl_infsample.settings import settings_from_rollout
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    assert settings_from_rollout(compose().actor_rollout_ref.rollout).engine == "transformers"
+    rollout = compose("actor_rollout_ref.rollout.custom.engine=vllm", "actor_rollout_ref.rollout.custom.slots=null",
+                      "actor_rollout_ref.rollout.response_length=32").actor_rollout_ref.rollout
+    assert settings_from_rollout(rollout).engine == "vllm"
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed in this environment")
+    with pytest.raises(ImportError, match="pip install vllm") as err:
+        InfiniteServer(rollout, {"path": tiny_model_dir})
+    assert "make setup-vllm" in str(err.value)
 
 
 def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):

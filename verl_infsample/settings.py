@@ -13,6 +13,7 @@ from .core.predictor import make_predictor
 
 PREFIX = "actor_rollout_ref.rollout.custom"
 DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("transformers", "vllm")  # the server's decode engine (verl_rollout.server.build_engine)
 
 
 class SettingsError(ValueError):
@@ -21,13 +22,14 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class InfiniteRolloutSettings:
+    engine: str = "transformers"  # transformers (any device, CPU included) | vllm (VLLMEngine; needs vLLM installed)
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
     predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,state=PATH] (online, token-conditioned)
     fptas_eps: float = 0.02
-    block_size: int = 16  # tokens per KV block of the paged store
-    dtype: str = "float32"  # model dtype on the server
+    block_size: int = 16  # tokens per KV block of the transformers engine's paged store (vllm: its own block size)
+    dtype: str = "float32"  # the transformers engine's model dtype (vllm takes verl's rollout.dtype, as verl's server)
     batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch
     threads: int | None = None  # torch threads in the server (None: torch's default)
 
@@ -47,6 +49,8 @@ class InfiniteRolloutSettings:
         def bad(key: str, why: str) -> SettingsError:
             return SettingsError(f"{PREFIX}.{key}={getattr(self, key)!r}: {why}")
 
+        if self.engine not in ENGINES:
+            raise bad("engine", f"unknown engine; choose one of: {', '.join(ENGINES)}")
         if self.policy not in POLICIES or self.policy == "oracle":
             raise bad("policy", f"unknown policy; choose one of: {', '.join(p for p in POLICIES if p != 'oracle')}")
         if self.slots is not None and self.kv_budget is not None:

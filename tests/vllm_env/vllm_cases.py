@@ -5,7 +5,9 @@ Not named test_*.py on purpose: the main suite (verl's environment, no vLLM) mus
 folder; by default the cached one is built or reused).
 
 One engine serves every case: 20 KV blocks of 32 tokens (19 usable, block 0 is vLLM's null block) and
-max_num_seqs=32, so verl's plain submission of 2 prompts x 8 samples is admitted at once and must preempt.
+max_num_seqs=32, so verl's plain submission of 2 prompts x 8 samples is admitted at once and must preempt. It is the
+engine of verl's rollout server (``InfiniteServer`` with ``custom.engine=vllm``, built by ``build_engine`` from verl's
+rollout keys; verl and Ray are imported only on the request path, so the server runs here without them).
 """
 
 from __future__ import annotations
@@ -31,11 +33,25 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
+def server(model_dir):
+    """verl's rollout server as its replica builds it (a plain object here, not a Ray actor), decoding with vLLM."""
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    rollout = {"custom": {"engine": "vllm", "predictor": "none", "batch_window_ms": 0}, "seed": 0,
+               "prompt_length": 256, "response_length": MAX_NEW, "max_num_seqs": MAX_SEQS, "max_model_len": 512,
+               "gpu_memory_utilization": 0.1, "enforce_eager": True, "dtype": "float32",
+               "engine_kwargs": {"vllm": {"num_gpu_blocks_override": KV_BLOCKS, "block_size": BLOCK}}}
+    return InfiniteServer(rollout, {"path": model_dir})
+
+
+@pytest.fixture(scope="module")
+def engine(server):
     from verl_infsample.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model_dir, kv_blocks=KV_BLOCKS, block_size=BLOCK, max_num_seqs=MAX_SEQS, dtype="float32",
-                      max_model_len=512, gpu_memory_utilization=0.1, enforce_eager=True)
+    e = server.engine
+    assert isinstance(e, VLLMEngine)
+    assert (e.kv_blocks, e.block_size, e.max_num_seqs, e.max_model_len) == (KV_BLOCKS, BLOCK, MAX_SEQS, 512)
+    return e
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +169,67 @@ def test_large_groups_no_preemption_fewer_tokens_but_more_steps(engine, prompts)
     assert oracle.vllm.peak_kv_usage == 1.0
     print(json.dumps({"G": 32, "steps_plain": big.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
                       "computed_plain": big.vllm.computed_tokens, "computed_oracle": oracle.vllm.computed_tokens}))
+
+
+def _server_batch(prompts):
+    """verl's requests for 2 groups of G: one per sample, the sample index as session id."""
+    from verl_infsample.verl_rollout.server import _Request
+
+    return [_Request(request_id=f"{g}/{i}", prompt_ids=list(p), temperature=1.0, top_p=1.0, top_k=-1, logprobs=True,
+                     max_tokens=MAX_NEW, session_id=i, future=None)
+            for g, p in enumerate(prompts[0]) for i in range(G)]
+
+
+def test_the_verl_server_decodes_with_vllm(server, engine, prompts):
+    """The server's capacity is vLLM's whole KV cache (no slots or kv_budget set); one result per request, and the
+    same tokens as verl's plain vLLM path keyed the server's way (prompt key, step seed, stop ids)."""
+    from verl_infsample.core.capacity import PagedKVBudget
+    from verl_infsample.engines.sampling import SamplingParams
+    from verl_infsample.verl_rollout.server import prompt_key
+
+    capacity = server._capacity()
+    assert isinstance(capacity, PagedKVBudget) and capacity.max_running == MAX_SEQS
+    batch = _server_batch(prompts)
+    results = server._rollout(batch)
+    assert len(results) == len(batch)
+    for tokens, logprobs, preempted, stop in results:
+        assert stop == "completed" and 1 <= len(tokens) <= MAX_NEW and len(logprobs) == len(tokens)
+    assert server.last_rollout_metrics["infsample/samples"] == 2 * G
+    assert server.last_rollout_metrics["infsample/preemptions"] == 0
+    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=server.stop_ids, seed=server._step_seed())
+    plain = engine.rollout_plain(prompts[0], G, params, prompt_ids=[prompt_key(p) for p in prompts[0]])
+    assert [r[0] for r in results] == [o.token_ids for group in plain.outputs for o in group]
+    print(json.dumps({"run": "server engine=vllm", "decode_steps": server.last_rollout_metrics["infsample/decode_steps"],
+                      "plain_engine_steps": plain.vllm.engine_steps, "tokens": plain.total_tokens}))
+
+
+def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine, prompts):
+    """abort_all_requests' hook (on_step): the batch stops after the step it was set in; unfinished samples return
+    their tokens so far, "aborted" (a prefix of what they decode undisturbed), and nothing is left in vLLM."""
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    full = [r[0] for r in server._rollout(_server_batch(prompts))]
+    steps = []
+
+    def abort_at_step_5(sched):
+        steps.append(1)
+        if len(steps) == 5:
+            server._abort.set()  # what abort_all_requests does, from the event loop's thread
+        InfiniteServer._stop_if_aborted(server, sched)
+
+    server._stop_if_aborted = abort_at_step_5
+    try:
+        results = server._rollout(_server_batch(prompts))
+    finally:
+        del server._stop_if_aborted
+        server._abort.clear()
+    assert len(steps) == 5 and len(results) == 2 * G
+    assert not engine.llm.has_unfinished_requests() and not engine._requests
+    aborted = [(tokens, want) for (tokens, _, _, stop), want in zip(results, full) if stop == "aborted"]
+    assert aborted and any(tokens for tokens, _ in aborted)
+    for (tokens, _, _, stop), want in zip(results, full):
+        assert tokens == want[:len(tokens)] and len(tokens) <= 5
+        assert stop == ("completed" if tokens == want and len(want) <= 5 else "aborted")
 
 
 def test_a_failing_rollout_aborts_every_request(engine, prompts):

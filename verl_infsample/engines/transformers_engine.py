@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -182,6 +182,23 @@ class TransformersEngine:
                 self._prompt_slots.pop(s.group)
                 self._prompt_logits.pop(s.group)
         self.pool.record(sched.stats.decode_steps)
+
+    # --- weights ---------------------------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """New policy weights by HF parameter name, copied in place (``VLLMEngine.load_weights``'s contract); a tied
+        ``lm_head.weight`` is skipped. Returns tensors loaded."""
+        params = dict(self.model.named_parameters())
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        loaded = 0
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name not in params:
+                    if name == "lm_head.weight" and tied:
+                        continue
+                    raise KeyError(f"load_weights: the model has no parameter {name!r}")
+                params[name].copy_(tensor.to(params[name].dtype))
+                loaded += 1
+        return loaded
 
     # --- internals -------------------------------------------------------------------------------------------------
     def _report_tokens(self, sched: Scheduler, running: list[Sample], rows: np.ndarray) -> None:

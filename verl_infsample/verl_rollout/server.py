@@ -2,8 +2,9 @@
 
 verl's agent loop sends a prompt's n samples as n separate ``generate`` calls. The server collects the requests
 that arrive within a short window, recognises a group by its prompt tokens (one prompt KV for all its samples),
-and plans the whole batch with the Infinite Sampling scheduler on ``TransformersEngine``. Every request gets exactly
-one ``TokenOutput``; if the rollout fails, every request of the batch fails with it.
+and plans the whole batch with the Infinite Sampling scheduler on the engine ``custom.engine`` names
+(``build_engine``: ``TransformersEngine`` or ``VLLMEngine``). Every request gets exactly one ``TokenOutput``; if the
+rollout fails, every request of the batch fails with it.
 
 ``abort_all_requests`` / ``resume_generation`` follow verl's vLLM server: abort closes a gate, returns queued
 requests with stop_reason "aborted", stops the decoding batch at its next step (unfinished samples return their tokens
@@ -19,7 +20,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..settings import config_value, settings_from_rollout
+from ..settings import ENGINES, config_value, settings_from_rollout
 
 logger = logging.getLogger(__name__)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
@@ -46,20 +47,17 @@ class InfiniteServer:
     def __init__(self, config, model_config, replica_rank: int = 0, **_):
         import torch
 
-        from ..engines.transformers_engine import TransformersEngine
-
         self.rollout = config
         self.settings = settings_from_rollout(config)
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         path = model_config["path"] if hasattr(model_config, "__getitem__") else model_config.path
-        self.engine = TransformersEngine.from_pretrained(path, dtype=getattr(torch, self.settings.dtype),
-                                                         block_size=self.settings.block_size)
-        self.stop_ids = _stop_token_ids(path)
-        self.replica_rank = replica_rank
         self.seed = int(config_value(config, "seed", 0) or 0)
         self.prompt_length = int(config_value(config, "prompt_length", 512))
         self.response_length = int(config_value(config, "response_length", 512))
+        self.engine = build_engine(self.settings, config, path)
+        self.stop_ids = _stop_token_ids(path)
+        self.replica_rank = replica_rank
         self.global_steps: int | None = None
         self._pending: list[_Request] = []
         self._issued: dict[tuple, int] = {}  # sample indices handed out per group this step
@@ -136,7 +134,6 @@ class InfiniteServer:
                     r.future.set_result(res)
 
     def _rollout(self, batch: list[_Request]) -> list[tuple]:
-        from ..core.capacity import KVBudget, SlotPool
         from ..core.predictor import make_predictor
         from ..engines.sampling import SamplingParams
 
@@ -165,8 +162,7 @@ class InfiniteServer:
                 ids.append(key_of_prompt)  # the predictor learns per prompt across steps
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
                                     stop_token_ids=self.stop_ids, seed=self._step_seed())
-            capacity = (KVBudget(self.settings.kv_budget) if self.settings.kv_budget
-                        else SlotPool(self.settings.slots or int(config_value(self.rollout, "max_num_seqs", 256))))
+            capacity = self._capacity()
             if self._predictor is None:
                 self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
             for reqs, indices in members:
@@ -196,6 +192,19 @@ class InfiniteServer:
                     results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
                     self._finished_lengths.append((prompt_key(key[0]), len(o.token_ids)))
         return [results[r.request_id] for r in batch]
+
+    def _capacity(self):
+        """``custom.kv_budget`` or ``custom.slots`` when set; else what the engine holds: vLLM's whole KV cache with
+        at most its max_num_seqs running (``VLLMEngine.kv_budget``), or rollout.max_num_seqs slots."""
+        from ..core.capacity import KVBudget, SlotPool
+
+        if self.settings.kv_budget:
+            return KVBudget(self.settings.kv_budget)
+        if self.settings.slots:
+            return SlotPool(self.settings.slots)
+        if hasattr(self.engine, "kv_budget"):
+            return self.engine.kv_budget()
+        return SlotPool(int(config_value(self.rollout, "max_num_seqs", 256)))
 
     def _step_seed(self) -> int:
         """The rollout seed mixed with the training step: a prompt seen again at a later step draws fresh samples,
@@ -265,20 +274,10 @@ class InfiniteServer:
         return None
 
     async def update_weights(self, named_tensors: dict) -> int:
-        """Load (a bucket of) new weights by HF parameter name; returns how many tensors were loaded."""
-        import torch
-
-        params = dict(self.engine.model.named_parameters())
-        loaded = 0
-        with torch.no_grad():
-            for name, tensor in named_tensors.items():
-                if name not in params:
-                    if name == "lm_head.weight" and getattr(self.engine.model.config, "tie_word_embeddings", False):
-                        continue
-                    raise KeyError(f"update_weights: the server's model has no parameter {name!r}")
-                params[name].copy_(tensor.to(params[name].dtype))
-                loaded += 1
-        return loaded
+        """Load (a bucket of) new weights by HF parameter name into the engine (its ``load_weights``), between
+        batches; returns how many tensors were loaded."""
+        async with self._lock:  # never under a decoding batch (vLLM refuses weights with requests in flight)
+            return await asyncio.to_thread(self.engine.load_weights, list(named_tensors.items()))
 
     def get_metrics(self) -> dict:
         return dict(self.last_rollout_metrics)
@@ -345,9 +344,40 @@ def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
             if s is None:
                 results[r.request_id] = ([], [], 0, "aborted")
             else:
+                finished = s.payload.get("finish") is not None  # VLLMEngine starts every sample at finish=None
                 results[r.request_id] = (list(s.payload.get("tokens", [])), list(s.payload.get("logprobs", [])),
-                                         s.preemptions, "completed" if "finish" in s.payload else "aborted")
+                                         s.preemptions, "completed" if finished else "aborted")
     return results
+
+
+def build_engine(settings, rollout, model_path: str):
+    """The server's decode engine, by ``custom.engine`` (imported here, lazily: vLLM only when asked for; without it
+    ``VLLMEngine`` raises an ImportError that says what to install). ``vllm`` takes its sizes from verl's rollout
+    config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``, ``max_model_len``
+    (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``, ``dtype``, ``seed``,
+    plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
+    if settings.engine == "transformers":
+        import torch
+
+        from ..engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, settings.dtype),
+                                                  block_size=settings.block_size)
+    if settings.engine == "vllm":
+        from ..engines.vllm_engine import VLLMEngine
+
+        max_model_len = config_value(rollout, "max_model_len") or (
+            int(config_value(rollout, "prompt_length", 512)) + int(config_value(rollout, "response_length", 512)))
+        extra = config_value(config_value(rollout, "engine_kwargs", {}), "vllm", {})
+        return VLLMEngine(model_path, dtype=str(config_value(rollout, "dtype", "auto")),
+                          gpu_memory_utilization=config_value(rollout, "gpu_memory_utilization"),
+                          max_num_seqs=config_value(rollout, "max_num_seqs"), max_model_len=int(max_model_len),
+                          max_num_batched_tokens=config_value(rollout, "max_num_batched_tokens"),
+                          enforce_eager=bool(config_value(rollout, "enforce_eager", False)),
+                          seed=int(config_value(rollout, "seed", 0)),
+                          **{k: v for k, v in dict(extra).items() if v is not None})
+    raise ValueError(f"actor_rollout_ref.rollout.custom.engine={settings.engine!r}: unknown engine; choose one of: "
+                     f"{', '.join(ENGINES)}")
 
 
 def prompt_key(prompt_ids) -> str:
