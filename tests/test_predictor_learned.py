@@ -279,3 +279,29 @@ def test_eval_predictor_cli_on_traces(tmp_path):
     bad = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl")], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--trace needs at least one --trace-train" in bad.stderr
+
+
+# --- the tiny model whose first tokens tell the length (variant "modes") ----------------------------------------
+@pytest.fixture(scope="session")
+def tiny_modes_model_dir():
+    """The "modes" tiny model (answers: direct / count / step, drawn per sample), built once (~25 s of one core)
+    into ``.cache/tiny-model-modes/`` and reused."""
+    from verl_infsample.models.tiny import tiny_model_path
+
+    return str(tiny_model_path(variant="modes"))
+
+
+def test_modes_variant_first_tokens_tell_the_length(tiny_modes_model_dir):
+    """Where a sample's first tokens announce its length (as a real LLM's "Let me think step by step" does), the
+    learned predictor ranks held-out samples at k=8 far better than history (which, on unseen prompts, knows only
+    the global mean: tau 0). The default tiny model, whose answers end almost at random, reaches ~0.1 here."""
+    from verl_infsample.predict.evaluate import evaluate_predictor, model_rollouts
+
+    rollouts = model_rollouts(tiny_modes_model_dir, train_rollouts=3, train_prompts=8, train_group=16,
+                              test_prompts=8, test_group=16, max_new_tokens=64, seed=0)
+    ev, _ = evaluate_predictor(rollouts.train, rollouts.test, k=8, slots=8, max_len=64, seed=0)
+    print(ev.as_dict())
+    assert ev.trained_checkpoints == [0, 4, 8]
+    # this setting over seeds 0-11: tau 0.41-0.57 (seed 0: 0.48), history 0.0; the default tiny model: 0.05-0.23
+    assert ev.kendall_tau > ev.history_kendall_tau + 0.3
+    assert ev.mae < ev.history_mae

@@ -17,6 +17,14 @@ briefly trained, so it follows these only roughly; sampled at temperature 1.0 wi
 from a couple of tokens to the cap (some short, most in between, roughly one in seven capped) and the prompt
 accounts for a fair part of the spread (the kind of task, the story's size word, ...), the first tokens for more.
 
+The **"modes" variant** (``tiny_model_path(variant="modes")``, ``.cache/tiny-model-modes/``; ``make-tiny-model DIR
+--variant modes``) has the same size, tokenizer code and training recipe on another corpus: chains of m steps
+("count to 9", "add 41 and 13", "what is 7 times 6") answered at random in one of three modes whose first token
+differs, ``answer : 9 .`` (direct), ``count : 1 2 ... 9 . answer : 9 .`` and ``step 1 : 0 + 1 = 1 . ...``. Sampled at
+temperature 1 a group mixes the modes; the mode comes first and the length follows it (at k=8: count ~20 tokens,
+step ~80), as a real LLM's "Let me think step by step" announces a long answer. ``model_prompts(dir)`` gives a
+model's own corpus's prompts.
+
 Shifting stop times: add a constant to the ``<|im_end|>`` logit. With transformers, pass
 ``logits_processor=LogitsProcessorList([eos_bias_processor(tok.eos_token_id, bias)])`` to ``generate`` (the
 processor's ``bias`` attribute may be changed between calls, or mid-run, to move the length distribution), or
@@ -30,6 +38,7 @@ This module imports torch / transformers / tokenizers only inside functions, so 
 ``verl_infsample.core`` imports it.
 
     infsample make-tiny-model DIR [--layers 2 --hidden 128 --heads 2 --kv-heads 1 --vocab 1024 --seed 0 --train-steps N]
+                                  [--variant modes]   # first tokens tell the length (tiny_model_path(variant="modes"))
 """
 
 from __future__ import annotations
@@ -72,6 +81,15 @@ HEAD_DIM = 64  # some engines' attention kernels need head_dim >= 64
 DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_VOCAB, seed=0,
                       train_steps=DEFAULT_TRAIN_STEPS, intermediate=None, corpus_size=6000, lr=3e-3,
                       batch_tokens=256, max_seq_len=160, max_position_embeddings=4096)
+# Variants: build parameters over DEFAULTS. "modes": same size, tokenizer code and recipe, on the "modes" corpus
+# (its first tokens tell the length). ``corpus`` enters the fingerprint only when it is not the default's.
+VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes")}
+
+
+def _check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny-model variant {variant!r}: one of {', '.join(VARIANTS)}")
+    return variant
 
 WORDS = [
     "cat", "dog", "sun", "sky", "tree", "river", "apple", "house", "green", "stone", "cloud", "bread", "music",
@@ -215,6 +233,45 @@ TASKS = [("count_to", 14, _count_to), ("count_from", 5, _count_from), ("count_do
          ("times", 6, _times), ("story", 20, _story), ("lists", 8, _fixed_list), ("short", 12, _short)]
 
 
+# --- the "modes" variant: the same prompt answered in modes whose first tokens announce the length ----------------
+# Real LLMs announce a long answer early ("Let me think step by step ...") and a short one too ("The answer is");
+# the default corpus does not (its answers' first tokens say little about where they end). Here every prompt is a
+# chain of m steps (count to m, add a and m, m times b) answered at random in one of three modes, which share no
+# first token: ``answer : v .`` (direct, ~5 tokens), ``count : v1 v2 ... vm . answer : vm .`` (~m + 8) and
+# ``step 1 : v0 + d = v1 . step 2 : ...`` (~8 m, often past a 128 cap). The mode is drawn per sample, so at
+# temperature 1 a group mixes them; once the mode is out (the first token), the length follows it and m.
+MODE_WEIGHTS = {"direct": 0.3, "count": 0.35, "step": 0.35}
+
+
+def _chain(rng: random.Random) -> tuple[str, int, int, int]:
+    """(prompt, start, increment, steps m): the answer is start + increment * m, reached in m increments."""
+    m = _loguniform(rng, 3, 24)
+    r = rng.random()
+    if r < 0.35:
+        return f"count to {m}", 0, 1, m
+    if r < 0.7:
+        a = rng.randint(1, 60)
+        return f"add {a} and {m}", a, 1, m
+    b = rng.randint(2, 12)
+    return f"what is {m} times {b}", 0, b, m
+
+
+def modes_example(rng: random.Random, mode: str | None = None) -> tuple[str, str]:
+    """One (prompt, answer) pair of the "modes" corpus; ``mode`` (direct, count, step) is drawn by weight if None."""
+    prompt, start, inc, m = _chain(rng)
+    if mode is None:
+        mode = rng.choices(list(MODE_WEIGHTS), weights=list(MODE_WEIGHTS.values()))[0]
+    values = [start + inc * i for i in range(m + 1)]
+    if mode == "direct":
+        return prompt, f"answer : {values[-1]} ."
+    if mode == "count":
+        return prompt, "count : " + " ".join(map(str, values[1:])) + f" . answer : {values[-1]} ."
+    if mode == "step":
+        steps = " ".join(f"step {i} : {values[i - 1]} + {inc} = {values[i]} ." for i in range(1, m + 1))
+        return prompt, f"{steps} answer : {values[-1]} ."
+    raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODE_WEIGHTS)}")
+
+
 def synth_example(rng: random.Random, kind: str | None = None) -> tuple[str, str]:
     """One (prompt, answer) pair of ``kind`` (default: drawn by weight); the answer's length follows the prompt."""
     if kind is None:
@@ -222,15 +279,34 @@ def synth_example(rng: random.Random, kind: str | None = None) -> tuple[str, str
     return {k: f for k, _, f in TASKS}[kind](rng)
 
 
-def synth_corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
+# Training corpora by name: "tasks" (the default model's), "modes" (the "modes" variant's).
+CORPORA = ("tasks", "modes")
+
+
+def synth_corpus(n: int, seed: int = 0, corpus: str = "tasks") -> list[tuple[str, str]]:
     rng = random.Random(seed)
+    if corpus == "modes":
+        return [modes_example(rng) for _ in range(n)]
     return [synth_example(rng) for _ in range(n)]
 
 
-def default_prompts(n: int = 16, seed: int = 10_000) -> list[str]:
-    """Held-out prompts (another seed than the training corpus), every kind in turn, for sampling and histograms."""
+def default_prompts(n: int = 16, seed: int = 10_000, variant: str = "default") -> list[str]:
+    """Held-out prompts (another seed than the training corpus), every kind in turn, for sampling and histograms;
+    ``variant="modes"``: prompts of the "modes" corpus."""
     rng = random.Random(seed)
+    if VARIANTS[_check_variant(variant)].get("corpus") == "modes":
+        return [modes_example(rng)[0] for _ in range(n)]
     return [synth_example(rng, TASKS[i % len(TASKS)][0])[0] for i in range(n)]
+
+
+def model_prompts(model_dir, n: int = 16, seed: int = 10_000) -> list[str]:
+    """``default_prompts`` of the corpus ``model_dir`` was trained on (its stamp says; any other model: the
+    default's)."""
+    try:
+        corpus = json.loads((Path(model_dir) / STAMP_FILE).read_text())["params"].get("corpus", "tasks")
+    except (OSError, ValueError, KeyError):
+        corpus = "tasks"
+    return default_prompts(n, seed, variant="modes" if corpus == "modes" else "default")
 
 
 def render_chat(prompt: str, answer: str | None = None) -> str:
@@ -242,10 +318,12 @@ def render_chat(prompt: str, answer: str | None = None) -> str:
 # ------------------------------------------------------------------------------------------------------- building
 
 def _resolve(params: dict) -> dict:
-    p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    unknown = set(p) - set(DEFAULTS)
+    p = {**DEFAULTS, "corpus": "tasks", **{k: v for k, v in params.items() if v is not None}}
+    unknown = set(p) - set(DEFAULTS) - {"corpus"}
     if unknown:
         raise ValueError(f"unknown build parameter(s): {', '.join(sorted(unknown))}")
+    if p["corpus"] not in CORPORA:
+        raise ValueError(f"corpus must be one of {', '.join(CORPORA)}, got {p['corpus']!r}")
     for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "corpus_size", "batch_tokens", "max_seq_len"):
         if int(p[k]) < 1:
             raise ValueError(f"{k} must be >= 1, got {p[k]}")
@@ -262,6 +340,8 @@ def _resolve(params: dict) -> dict:
 def fingerprint(params: dict | None = None) -> str:
     """A hash of the build: BUILD_VERSION plus every resolved parameter. Same fingerprint, same model."""
     p = _resolve(params or {})
+    if p["corpus"] == "tasks":  # the default corpus: fingerprints (and cached folders) from before variants hold
+        del p["corpus"]
     blob = json.dumps({"build_version": BUILD_VERSION, **p}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -324,7 +404,8 @@ def build_tiny_model(out_dir, *, layers: int = 2, hidden: int = 128, heads: int 
                      vocab: int | None = None, seed: int = 0, train_steps: int | None = None,
                      intermediate: int | None = None, corpus_size: int | None = None, lr: float | None = None,
                      batch_tokens: int | None = None, max_seq_len: int | None = None,
-                     max_position_embeddings: int | None = None, threads: int = 1, verbose: bool = False) -> Path:
+                     max_position_embeddings: int | None = None, corpus: str | None = None, threads: int = 1,
+                     verbose: bool = False) -> Path:
     """Write a Qwen3 checkpoint folder (config, model.safetensors, generation_config, tokenizer) to ``out_dir``.
 
     ``vocab`` is the BPE vocabulary size to train (default 1024; the config's ``vocab_size`` is the tokenizer's
@@ -341,18 +422,18 @@ def build_tiny_model(out_dir, *, layers: int = 2, hidden: int = 128, heads: int 
     p = _resolve(dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seed=seed,
                       train_steps=train_steps, intermediate=intermediate, corpus_size=corpus_size, lr=lr,
                       batch_tokens=batch_tokens, max_seq_len=max_seq_len,
-                      max_position_embeddings=max_position_embeddings))
+                      max_position_embeddings=max_position_embeddings, corpus=corpus))
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not (out / STAMP_FILE).exists():
         raise ValueError(f"refusing to write a tiny model into non-empty {out} (not an earlier tiny-model build)")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    corpus = synth_corpus(p["corpus_size"], p["seed"])
-    raw_tok = _train_tokenizer(corpus, p["vocab"])
+    examples = synth_corpus(p["corpus_size"], p["seed"], p["corpus"])
+    raw_tok = _train_tokenizer(examples, p["vocab"])
     hf_tok = _wrap_tokenizer(raw_tok, p["max_position_embeddings"])
     eos_id, pad_id = hf_tok.convert_tokens_to_ids(IM_END), hf_tok.convert_tokens_to_ids(ENDOFTEXT)
-    encoded = _encode_corpus(raw_tok, corpus, p["max_seq_len"])
+    encoded = _encode_corpus(raw_tok, examples, p["max_seq_len"])
     t_tok = time.perf_counter()
 
     config = Qwen3Config(
@@ -489,14 +570,16 @@ def _torch_threads(n: int | None):
 
 # ---------------------------------------------------------------------------------------------------- the cache
 
-def _default_cache_root() -> Path:
+def _default_cache_root(variant: str = "default") -> Path:
+    """``.cache/tiny-model/`` for the default; a variant's own sibling, ``.cache/tiny-model-<variant>/``."""
+    name = "tiny-model" if variant == "default" else f"tiny-model-{variant}"
     env = os.environ.get("INFSAMPLE_TINY_MODEL_CACHE")
     if env:
-        return Path(env)
+        return Path(env) if variant == "default" else Path(env) / name
     repo = Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").exists():
-        return repo / ".cache" / "tiny-model"
-    return Path.home() / ".cache" / "verl_infsample" / "tiny-model"
+        return repo / ".cache" / name
+    return Path.home() / ".cache" / "verl_infsample" / name
 
 
 def _is_complete(folder: Path, fp: str) -> bool:
@@ -508,23 +591,25 @@ def _is_complete(folder: Path, fp: str) -> bool:
         (folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"))
 
 
-def tiny_model_path(cache_root=None) -> Path:
+def tiny_model_path(cache_root=None, variant: str = "default") -> Path:
     """The default tiny model's folder, built once (about 40 s of one CPU core) and cached.
 
     The cache is ``<repo>/.cache/tiny-model/`` (or ``$INFSAMPLE_TINY_MODEL_CACHE``, or ``cache_root``); the folder
     is named by the build's fingerprint, so a change of defaults or of ``BUILD_VERSION`` builds a new one. The build
     goes to a temporary folder that is renamed into place when complete, so a half-built model is never used.
+    ``variant="modes"``: the model whose first tokens tell the length (``.cache/tiny-model-modes/``).
     """
-    root = Path(cache_root) if cache_root is not None else _default_cache_root()
-    fp = fingerprint()
-    final = root / f"qwen3-tiny-{fp[:12]}"
+    params = {**DEFAULTS, **VARIANTS[_check_variant(variant)]}
+    root = Path(cache_root) if cache_root is not None else _default_cache_root(variant)
+    fp = fingerprint(params)
+    final = root / (f"qwen3-tiny-{fp[:12]}" if variant == "default" else f"qwen3-tiny-{variant}-{fp[:12]}")
     if _is_complete(final, fp):
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
     tmp.chmod(0o755)
     try:
-        build_tiny_model(tmp, **DEFAULTS)
+        build_tiny_model(tmp, **params)
         try:
             os.rename(tmp, final)
         except OSError:  # another process finished first, or a stale/broken folder is in the way
@@ -642,6 +727,8 @@ def add_make_tiny_model_parser(subparsers):
     p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"], help="BPE vocabulary size to train")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     p.add_argument("--train-steps", type=int, default=DEFAULTS["train_steps"], help="0: random weights")
+    p.add_argument("--variant", choices=list(VARIANTS), default="default",
+                   help="modes: trained on answers whose first tokens tell their length (direct / count / step)")
     p.set_defaults(func=cmd_make_tiny_model)
     return p
 
@@ -650,7 +737,7 @@ def cmd_make_tiny_model(args) -> int:
     t0 = time.perf_counter()
     out = build_tiny_model(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
                            kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, train_steps=args.train_steps,
-                           verbose=True)
+                           verbose=True, **VARIANTS[args.variant])
     stamp = json.loads((out / STAMP_FILE).read_text())
     print(f"tiny model: {stamp['n_params']:,} parameters, vocab {stamp['vocab_size']}, "
           f"loss {stamp.get('final_loss', 'n/a')}, {time.perf_counter() - t0:.1f} s", file=sys.stderr)

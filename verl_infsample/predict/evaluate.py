@@ -1,6 +1,7 @@
 """``infsample eval-predictor``: how well ``learned`` predicts, and what the scheduler makes of it.
 
     infsample eval-predictor --model DIR [--k 8] [--json]      # rolls the model out (TransformersEngine)
+    infsample eval-predictor --tiny modes [--k 8] [--json]     # the tiny model whose first tokens tell the length
     infsample eval-predictor --trace-train A.jsonl --trace B.jsonl [--k 8] [--json]   # token traces (real models)
 
 Protocol: training rollouts (``--train-rollouts`` epochs over training prompts, other seeds) warm the predictor up,
@@ -199,19 +200,20 @@ class ModelRollouts:
 def model_rollouts(model_dir: str, *, train_rollouts: int = 4, train_prompts: int = 16, train_group: int = 16,
                    test_prompts: int = 8, test_group: int = 32, max_new_tokens: int = 128, seed: int = 0,
                    eos_bias: float = 0.0, engine=None, progress=lambda items, desc: items) -> ModelRollouts:
-    """Roll out the model on generated task prompts (``models.tiny.default_prompts``): training epochs at seeds
+    """Roll out the model on generated task prompts (``models.tiny.model_prompts``: the tiny model's variant's, the
+    default's for any other model): training epochs at seeds
     ``seed + 1 ...`` over one prompt set, the test at ``seed`` over another (in shuffled order), minus any prompt
     text both share."""
     from transformers import AutoTokenizer
 
     from ..engines.sampling import SamplingParams
     from ..engines.transformers_engine import TransformersEngine
-    from ..models.tiny import default_prompts
+    from ..models.tiny import model_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = engine or TransformersEngine.from_pretrained(model_dir)
-    train_texts = list(dict.fromkeys(default_prompts(train_prompts, seed=20_000 + seed)))  # a prompt id is its text
-    test_texts = [t for t in dict.fromkeys(default_prompts(test_prompts + 8, seed=30_000 + seed))
+    train_texts = list(dict.fromkeys(model_prompts(model_dir, train_prompts, seed=20_000 + seed)))  # id = text
+    test_texts = [t for t in dict.fromkeys(model_prompts(model_dir, test_prompts + 8, seed=30_000 + seed))
                   if t not in set(train_texts)][:test_prompts]
     # default_prompts cycles through the task kinds in a fixed order, so the batch order (which breaks ties in the
     # plan: with equal predictions, groups go in batch order) would always end on the same kinds; shuffle it
@@ -247,6 +249,9 @@ def add_eval_predictor_parser(sub) -> None:
     p = sub.add_parser("eval-predictor", help="train and test the learned length predictor on disjoint rollouts")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a local model folder to roll out (e.g. the tiny model: make-tiny-model DIR)")
+    src.add_argument("--tiny", choices=["default", "modes"],
+                     help="roll out the cached tiny model of this variant (built on first use); modes: its first "
+                          "tokens tell the length (direct / count / step answers)")
     src.add_argument("--trace", help="test rollouts: a JSONL trace with token ids (core/trace.py: prompt_tokens, "
                                      "tokens, optionally logprobs/entropies/stop_logprobs); needs --trace-train")
     p.add_argument("--trace-train", action="append", default=[],
@@ -275,6 +280,10 @@ def _cmd_eval_predictor(args) -> int:
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1, got {args.slots}")
     spec = args.predictor or f"learned:k={args.k}"
+    if args.tiny:
+        from ..models.tiny import tiny_model_path
+
+        args.model = str(tiny_model_path(variant=args.tiny))
     if args.model:
         import torch
 
