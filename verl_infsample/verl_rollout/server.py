@@ -187,10 +187,10 @@ class InfiniteServer:
                 self._step_metrics = merge_rollout_metrics(
                     [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
                                           "infsample/total_tokens": res.total_tokens}], parallel=False)
-            for (reqs, _), outs, key in zip(members, res.outputs, keys):
+            for (reqs, _), outs, key_of_prompt in zip(members, res.outputs, ids):
                 for r, o in zip(reqs, outs):
                     results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
-                    self._finished_lengths.append((prompt_key(key[0]), len(o.token_ids)))
+                    self._finished_lengths.append((key_of_prompt, len(o.token_ids)))
         return [results[r.request_id] for r in batch]
 
     def _capacity(self):
