@@ -38,6 +38,80 @@ def test_a_bad_router_key_fails_in_verls_validate_config_before_ray(tmp_path):
     assert not ray.is_initialized()
 
 
+class _ServerWithoutLengthsFake:
+    """Stands in for a replica's server handle in the router unit tests: the router only routes to it (it has no
+    ``pop_finished_lengths``, like another backend's server, so the router balances group sizes)."""
+
+
+def _route_burst(router, groups: list[tuple[int, int]], tag: str) -> dict[int, set[str]]:
+    """Every request of ``groups`` ((group id, size) in the order sent) acquired at once, then all released; the
+    replicas each group went to."""
+
+    async def burst():
+        calls = [router.acquire_server(f"{tag}-g{g}-s{i}", prompt_ids=[1, 2, 100 + g]) for g, n in groups
+                 for i in range(n)]
+        return await asyncio.gather(*calls)
+
+    placed = asyncio.run(burst())
+    out: dict[int, set[str]] = {}
+    names = [(g, i) for g, n in groups for i in range(n)]
+    for (g, i), (server_id, _) in zip(names, placed):
+        out.setdefault(g, set()).add(server_id)
+        router.release_server(server_id, f"{tag}-g{g}-s{i}")
+    return out
+
+
+@pytest.mark.parametrize("order_seed", range(5))
+def test_router_places_a_burst_of_groups_largest_first_whatever_the_arrival_order(order_seed):
+    """Once the router has seen the groups' sizes, a burst of new groups is placed by LPT on (size x predicted
+    length), here the sizes (no lengths reported): the replicas' loads do not depend on the order requests come in,
+    even when siblings arrive interleaved with other groups' first requests."""
+    import random
+
+    from verl_infsample.verl_rollout.router import GroupAffinityRouter
+
+    router = GroupAffinityRouter({"a": _ServerWithoutLengthsFake(), "b": _ServerWithoutLengthsFake()},
+                                 {"placement_window_ms": 5})
+    sizes = dict(enumerate([6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1]))
+    _route_burst(router, list(sizes.items()), "first")  # learns the sizes
+    rng = random.Random(order_seed)
+    order = list(sizes.items())
+    rng.shuffle(order)
+    placed = _route_burst(router, order, "second")
+    assert all(len(servers) == 1 for servers in placed.values())  # every group whole on one replica
+    load = {"a": 0, "b": 0}
+    for g, servers in placed.items():
+        load[servers.pop()] += sizes[g]
+    assert abs(load["a"] - load["b"]) == _lpt_spread(list(sizes.values()), replicas=2) == 0
+    assert router.get_total_inflight() == 0 and router.get_status()["groups_in_flight"] == 0
+
+
+def test_router_without_a_window_places_groups_as_they_come():
+    """``placement_window_ms: 0``: each new group goes to the least-loaded replica when its first request comes, so a
+    group weighs only what it has at that moment and the interleaved arrival order decides the loads."""
+    from verl_infsample.verl_rollout.router import GroupAffinityRouter
+
+    router = GroupAffinityRouter({"a": _ServerWithoutLengthsFake(), "b": _ServerWithoutLengthsFake()},
+                                 {"placement_window_ms": 0})
+    placed = _route_burst(router, [(0, 4), (1, 1), (2, 1), (3, 1)], "w0")
+    # group 0 books 4 x 1 on its replica (first visit: size unknown, so its first request books 1, and its siblings
+    # the rest as they come); groups 1-3 arrive after it, so they go to the other replica while it is lighter
+    assert len(placed[0]) == 1 and all(placed[g] != placed[0] for g in (1, 2, 3))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("placement_window_ms", -1, "placement_window_ms=-1 must be a number >= 0"),
+    ("length_refresh_s", "soon", "length_refresh_s='soon' must be a number >= 0"),
+    ("max_cache_size", 0, "max_cache_size=0 must be an integer >= 1"),
+    ("placement_window", 20, "unknown key 'placement_window'"),
+])
+def test_router_config_errors_name_the_key(key, value, message):
+    from verl_infsample.verl_rollout.router import GroupAffinityConfig, RouterConfigError
+
+    with pytest.raises(RouterConfigError, match=message):
+        GroupAffinityConfig.from_yaml({"router_class": "x", key: value})
+
+
 @pytest.fixture(scope="module")
 def router_prompts(tiny_model_dir):
     from transformers import AutoTokenizer
@@ -117,7 +191,9 @@ def test_group_affinity_router_keeps_groups_whole_and_balances_predicted_tokens(
     """Same requests, same seeds (a sample's tokens do not depend on its replica), routed by verl's default router
     (least requests in flight) and by ours, once its history predictor has seen the groups (GRPO's next epoch; at
     the same step the tokens repeat, so its predictions are exact): ours keeps every group on one replica and its
-    replicas decode closer to the same number of tokens. The default router's tie-breaks are random: it runs 6 times."""
+    replicas decode closer to the same number of tokens. The default router's tie-breaks are random: it runs 6 times.
+    The requests of a round are sent at once, as verl's agent loop sends a step's: ours places the burst's groups
+    largest first."""
     import ray
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import get_router_handle
@@ -144,17 +220,26 @@ def test_group_affinity_router_keeps_groups_whole_and_balances_predicted_tokens(
     for p, n in enumerate(GROUP_SIZES):
         first = sum(GROUP_SIZES[:p])
         group_tokens.append(sum(len(o.token_ids) for o in warm["outs"][first:first + n]))
-    # greedy placement by exact group sizes: the replicas end at most one group apart
-    assert warm["token_spread"] <= max(group_tokens)
+    # the predictions are exact (same seeds, same tokens as the earlier rounds): the router's largest-first placement
+    # of the burst gives the replicas exactly what LPT over the true group totals gives them, whatever the order the
+    # requests arrived in
+    assert warm["token_spread"] == _lpt_spread(group_tokens, replicas=2)
     mean_default = sum(v["token_spread"] for v in verl) / len(verl)
     assert warm["token_spread"] <= mean_default
     print(f"\nper-replica decoded tokens: ours (warm) {warm['tokens']} spread {warm['token_spread']}; "
           f"ours (cold) {cold['tokens']} spread {cold['token_spread']}; "
-          f"verl default {[v['tokens'] for v in verl]} mean spread {mean_default:.1f}")
+          f"verl default {[v['tokens'] for v in verl]} mean spread {mean_default:.1f}; group tokens {group_tokens}")
     print(f"decode-step spread: ours (warm) {warm['step_spread']}, cold {cold['step_spread']}, verl default "
           f"{[v['step_spread'] for v in verl]}; finish-time spread (s): ours (warm) {warm['finish_spread_s']:.2f}, "
           f"verl default {[round(v['finish_spread_s'], 2) for v in verl]}; server batches: ours (warm) "
           f"{warm['batches']}, verl default {[v['batches'] for v in verl]}")
+
+
+def _lpt_spread(works: list[int], replicas: int) -> int:
+    loads = [0] * replicas
+    for w in sorted(works, reverse=True):
+        loads[loads.index(min(loads))] += w
+    return max(loads) - min(loads)
 
 
 def _decoding(server) -> bool:
@@ -241,7 +326,10 @@ def test_sleep_and_wake_up_keep_the_model(two_replicas, router_prompts):
     before, after = asyncio.run(scenario())
     assert [o.token_ids for o in before] == [o.token_ids for o in after]
     assert all(o.stop_reason == "completed" and o.token_ids for o in after)
-    assert ray.get(mgr.global_load_balancer.get_total_inflight.remote()) == 0
+    deadline = time.monotonic() + 10  # verl's client releases fire-and-forget: they land shortly after the outputs
+    while ray.get(mgr.global_load_balancer.get_total_inflight.remote()) != 0:
+        assert time.monotonic() < deadline, "requests were never released"
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(600)

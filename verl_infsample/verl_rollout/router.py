@@ -8,9 +8,17 @@ This router (selected by ``rollout.router_config_path``, see ``verl_infsample.ro
 
 - keeps every request of a group (same ``prompt_ids``) on the replica its first request went to, for as long as
   the group has requests in flight; a request id seen before still goes where it went (verl's sticky sessions);
-- sends a new group to the replica with the least *predicted outstanding work*: the sum of the predicted lengths
-  of its requests in flight (a group of G samples weighs G x its predicted length), greedy list scheduling, so the
-  replicas finish together rather than hold the same number of requests;
+- sends a new group to the replica with the least *predicted outstanding work*, greedy list scheduling, so the
+  replicas finish together rather than hold the same number of requests. A group is booked whole when its first
+  request arrives: its expected size (the size it had on its last visit, else the mean size of the groups seen so
+  far: GRPO's ``rollout.n``, else 1) x its predicted length. Booking only the requests already arrived would place
+  groups by their first sample, and whether a group's siblings arrive before the next group's first request is
+  up to the client's timing;
+- places the new groups of a burst together, largest predicted work first (LPT): verl's agent loop sends a step's
+  requests at once, so a new group's first request waits until no new group has come for ``placement_window_ms``
+  (at most 10x that), then every waiting group is placed. Greedy in arrival order would leave the replicas up to
+  one group apart, and which group comes last is up to the client's timing; largest-first leaves them at most
+  the smallest groups apart, whatever the arrival order. The servers wait for their batch the same way;
 - predicts a request's length with the core's ``history`` predictor (per-prompt mean of earlier responses, else
   the mean of all, else the same weight for every request: then it balances requests, group by group).
 
@@ -25,6 +33,7 @@ verl builds it as a Ray actor: ``ray.remote(GroupAffinityRouter).remote(servers,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -49,6 +58,7 @@ class GroupAffinityConfig:
     """The router yaml's keys (besides verl's ``router_class``)."""
 
     length_refresh_s: float = 1.0  # collect finished lengths from the servers at most this often
+    placement_window_ms: float = 20.0  # new groups wait until none has come for this long, then go largest first
     max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE  # request ids remembered for sticky sessions
 
     @classmethod
@@ -62,6 +72,9 @@ class GroupAffinityConfig:
         c = cls(**config)
         if not isinstance(c.length_refresh_s, (int, float)) or c.length_refresh_s < 0:
             raise RouterConfigError(f"{source}: length_refresh_s={c.length_refresh_s!r} must be a number >= 0")
+        if not isinstance(c.placement_window_ms, (int, float)) or c.placement_window_ms < 0:
+            raise RouterConfigError(f"{source}: placement_window_ms={c.placement_window_ms!r} must be a number >= 0 "
+                                    "(0 places each new group as its first request arrives)")
         if not isinstance(c.max_cache_size, int) or c.max_cache_size < 1:
             raise RouterConfigError(f"{source}: max_cache_size={c.max_cache_size!r} must be an integer >= 1")
         return c
@@ -76,13 +89,29 @@ class _Routed:
     predicted_tokens: float
 
 
+@dataclass
+class _GroupVisit:
+    """A group with requests in flight: its replica, the work booked for siblings not arrived yet, and how many
+    requests it has had (its size, once the visit ends)."""
+
+    server_id: str
+    unclaimed_tokens: float
+    inflight: int = 0
+    requests: int = 0
+
+
 class GroupAffinityRouter(GlobalRequestLoadBalancer):
     def __init__(self, servers: dict[str, Any], config: dict | None = None):
         self.config = GroupAffinityConfig.from_yaml(config)
         super().__init__(servers, max_cache_size=self.config.max_cache_size)
         self._predicted_work: dict[str, float] = {sid: 0.0 for sid in servers}  # tokens booked, per replica
-        self._group_server: dict[str, str] = {}  # groups with requests in flight -> their replica
-        self._group_inflight: dict[str, int] = {}
+        self._visits: dict[str, _GroupVisit] = {}  # groups with requests in flight
+        self._group_sizes: dict[str, int] = {}  # group -> its size on its last visit
+        self._sizes_seen = [0, 0]  # groups completed, their requests: the mean group size
+        self._waiting: dict[str, float] = {}  # new groups waiting for placement -> their predicted work
+        self._placed: dict[str, str] = {}  # groups placed, whose requests have not claimed the placement yet
+        self._placement: asyncio.Future | None = None  # resolves when the waiting groups are placed
+        self._last_new_group = 0.0
         self._routed: dict[str, list[_Routed]] = {}  # request id -> its acquisitions in flight
         self._lengths = HistoryPredictor(max_len=1)  # no information: every request weighs the same
         self._learns_lengths = True
@@ -97,23 +126,42 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
     def require_release_fields(self) -> list[str]:
         return ["request_id"]
 
-    def acquire_server(self, request_id: str, prompt_ids=None, **_) -> tuple[str, ray.actor.ActorHandle]:
+    async def acquire_server(self, request_id: str, prompt_ids=None, **_) -> tuple[str, ray.actor.ActorHandle]:
         if prompt_ids is None:  # a caller that does not send prompts: verl's least-in-flight
             return super().acquire_server(request_id)
         if not self._servers:
             raise RuntimeError("No available servers in load balancer")
         group = prompt_key(prompt_ids)
+        predicted = self._predict(group, len(prompt_ids))
+        sticky = self._request_id_to_server.get(request_id) in self._servers
+        if not sticky and group not in self._visits and group not in self._placed and self.config.placement_window_ms:
+            await self._wait_for_placement(group, self._expected_size(group) * predicted)
+        return self._route(request_id, group, predicted)
+
+    def _route(self, request_id: str, group: str, predicted: float) -> tuple[str, ray.actor.ActorHandle]:
+        """Book ``request_id`` on its replica: where it went before, else where its group is, else by load."""
+        visit = self._visits.get(group)
         server_id = self._request_id_to_server.get(request_id)
-        if server_id not in self._servers:
-            server_id = self._group_server.get(group)
+        if server_id not in self._servers and visit is not None:
+            server_id = visit.server_id
+        if server_id not in self._servers and visit is None:
+            server_id = self._placed.pop(group, None)
         if server_id not in self._servers:
             server_id = self._least_predicted_work()
-        predicted = self._predict(group, len(prompt_ids))
+        if visit is None or visit.server_id != server_id:  # a new visit (or its replica was removed): book it whole
+            if visit is not None:
+                self._unbook(visit.server_id, visit.unclaimed_tokens)
+            booked = self._expected_size(group) * predicted
+            visit = _GroupVisit(server_id, booked, visit.inflight if visit else 0, visit.requests if visit else 0)
+            self._visits[group] = visit
+            self._predicted_work[server_id] += booked
+        claimed = min(predicted, visit.unclaimed_tokens)  # a sibling the booking expected ...
+        visit.unclaimed_tokens -= claimed
+        self._predicted_work[server_id] += predicted - claimed  # ... or one more than expected
+        visit.inflight += 1
+        visit.requests += 1
         self._request_id_to_server[request_id] = server_id
         self._inflight_requests[server_id] += 1
-        self._predicted_work[server_id] += predicted
-        self._group_server[group] = server_id
-        self._group_inflight[group] = self._group_inflight.get(group, 0) + 1
         self._routed.setdefault(request_id, []).append(_Routed(group, server_id, predicted))
         return server_id, self._servers[server_id]
 
@@ -127,12 +175,20 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
         routed.remove(done)
         if not routed:
             del self._routed[request_id]
-        if server_id in self._predicted_work:
-            self._predicted_work[server_id] = max(0.0, self._predicted_work[server_id] - done.predicted_tokens)
-        self._group_inflight[done.group] -= 1
-        if self._group_inflight[done.group] == 0:  # the group is done: its next visit is placed by load again
-            del self._group_inflight[done.group]
-            del self._group_server[done.group]
+        self._unbook(server_id, done.predicted_tokens)
+        visit = self._visits.get(done.group)
+        if visit is None:
+            return
+        visit.inflight -= 1
+        if visit.inflight == 0:  # the group is done: its next visit is placed by load again
+            del self._visits[done.group]
+            self._unbook(visit.server_id, visit.unclaimed_tokens)
+            self._group_sizes.pop(done.group, None)  # most recent last: the oldest goes first when full
+            self._group_sizes[done.group] = visit.requests
+            if len(self._group_sizes) > self.config.max_cache_size:
+                del self._group_sizes[next(iter(self._group_sizes))]
+            self._sizes_seen[0] += 1
+            self._sizes_seen[1] += visit.requests
 
     def add_servers(self, servers: dict[str, ray.actor.ActorHandle]) -> None:
         super().add_servers(servers)
@@ -147,15 +203,59 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
     def get_status(self) -> dict:
         self._collect_lengths()
         return {**super().get_status(), "predicted_tokens": dict(self._predicted_work),
-                "groups_in_flight": len(self._group_server), "lengths_learned": self.lengths_learned}
+                "groups_in_flight": len(self._visits), "lengths_learned": self.lengths_learned}
 
     # --- routing ---------------------------------------------------------------------------------------------------
+    async def _wait_for_placement(self, group: str, work: float) -> None:
+        """Join the new groups waiting to be placed; the first to wait places them all once the arrivals pause."""
+        self._waiting[group] = max(work, self._waiting.get(group, 0.0))
+        self._last_new_group = time.monotonic()
+        if self._placement is not None:
+            await asyncio.shield(self._placement)
+            return
+        self._placement = placement = asyncio.get_running_loop().create_future()
+        window = self.config.placement_window_ms / 1000
+        deadline = self._last_new_group + 10 * window
+        try:
+            while (now := time.monotonic()) < min(self._last_new_group + window, deadline):
+                await asyncio.sleep(min(self._last_new_group + window, deadline) - now)
+        finally:  # place them even if this request was cancelled: the others wait on it
+            self._place_waiting()
+            self._placement = None
+            placement.set_result(None)
+
+    def _place_waiting(self) -> None:
+        """Largest predicted work first, each to the replica with the least work booked (its booking counted for
+        the next group at once, the visit opened when its first request comes back)."""
+        waiting, self._waiting = self._waiting, {}
+        self._placed = {}  # the last placement's requests have all claimed theirs (or were cancelled)
+        if not self._servers:
+            return
+        booked = dict(self._predicted_work)
+        for group, work in sorted(waiting.items(), key=lambda kv: -kv[1]):
+            order = {sid: i for i, sid in enumerate(self._servers)}
+            server_id = min(self._servers, key=lambda sid: (booked.get(sid, 0.0), self._inflight_requests.get(sid, 0),
+                                                            order[sid]))
+            booked[server_id] = booked.get(server_id, 0.0) + work
+            self._placed[group] = server_id
+
     def _least_predicted_work(self) -> str:
         """The replica with the least predicted work outstanding (then fewest requests, then the first)."""
         self._collect_lengths()
         order = {sid: i for i, sid in enumerate(self._servers)}
         return min(self._servers, key=lambda sid: (self._predicted_work.get(sid, 0.0),
                                                    self._inflight_requests.get(sid, 0), order[sid]))
+
+    def _unbook(self, server_id: str, tokens: float) -> None:
+        if server_id in self._predicted_work:
+            self._predicted_work[server_id] = max(0.0, self._predicted_work[server_id] - tokens)
+
+    def _expected_size(self, group: str) -> int:
+        """How many requests a new visit of ``group`` will bring: its last size, else the mean size so far, else 1."""
+        if group in self._group_sizes:
+            return self._group_sizes[group]
+        groups, requests = self._sizes_seen
+        return max(1, round(requests / groups)) if groups else 1
 
     def _predict(self, group: str, prompt_len: int) -> float:
         return self._lengths.predict(Group(group, prompt_len, 1), Sample(0, 0, 0, prompt_len))
