@@ -222,8 +222,8 @@ def _plan_log_ratios(predictor, rollout: list[TracePrompt]) -> np.ndarray:
 
 def test_adapts_when_the_length_distribution_shifts(tiny_rollouts):
     """eos bias 0 -> +2 mid-run (answers get shorter): the plan's systematic error |mean log(predicted / true)|
-    jumps, then returns to its former level within 3 rollouts of 96 samples, while history (a mean over all it
-    has seen) stays off."""
+    jumps, then returns to its former level from the next rollout of 96 samples on, while history (a mean over all
+    it has seen) stays off."""
     _, rollouts, _ = tiny_rollouts
     learned = make_predictor("learned:k=8,min=16", max_len=64)
     history = make_predictor("history", max_len=64)
@@ -235,9 +235,11 @@ def test_adapts_when_the_length_distribution_shifts(tiny_rollouts):
         simulate(rollout, "infinite", SlotPool(8), history, max_len=64)
     print("mean lengths", [round(float(np.mean([n for p in r for n in p.lengths])), 1) for r in rollouts])
     print("learned |mean log ratio| per rollout", np.round(errors, 3), "history", np.round(history_errors, 3))
-    before, jump = float(np.mean(errors[1:3])), errors[3]  # after one warm-up rollout; measured: 0.23
-    assert jump > 1.5 * before + 0.1  # the shift is visible (measured 0.69)
-    assert max(errors[5:]) <= before + 0.05  # and learned away: back within 2 rollouts after it (0.12, 0.07)
+    before, jump = float(np.mean(errors[1:3])), errors[3]  # after one warm-up rollout; measured: 0.11
+    assert jump > 1.5 * before + 0.1  # the shift is visible (measured 0.79)
+    # and learned away: back from the first rollout after it (0.07, 0.09, 0.01): the last batch's mean residual
+    # shifts the next batch's predictions while the regressors catch up (without it: 0.54, 0.28, 0.18)
+    assert max(errors[4:]) <= before + 0.05
     assert errors[-1] < history_errors[-1] - 0.3  # history: 0.94
 
 

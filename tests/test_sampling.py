@@ -56,3 +56,23 @@ def test_a_last_bit_perturbation_almost_never_changes_the_token():
         noisy = logits + gen.normal(size=200) * 1e-6
         flips += sample_token(logits, SamplingParams(), rng_a)[0] != sample_token(noisy, SamplingParams(), rng_b)[0]
     assert flips == 0
+
+
+def test_distribution_stats_from_the_log_probs_sampling_drew_from():
+    """Entropy and stop mass of the distribution a token was drawn from (after the eos bias and temperature), from the
+    log-probs ``sample_tokens`` returns: a uniform row has entropy log V; the stop mass adds up the stop tokens."""
+    from verl_infsample.engines.sampling import distribution_stats, sample_tokens
+
+    logits = np.array([[0.0, 0.0, 0.0, 0.0], [5.0, 0.0, 0.0, -50.0]])
+    params = SamplingParams(temperature=1.0, seed=0, stop_token_ids=(2, 3), logit_bias=((2, np.log(3.0)),))
+    rngs = [sample_stream(0, "p", i) for i in range(2)]
+    tokens, logprobs, logp = sample_tokens(logits, params, rngs, with_logp=True)
+    assert np.allclose(np.exp(logp).sum(axis=1), 1.0)
+    assert np.allclose(logprobs, logp[np.arange(2), tokens])
+    entropy, stop = distribution_stats(logp, params.stop_token_ids)
+    p0 = np.array([1, 1, 3, 1]) / 6  # the eos bias of log 3 on token 2
+    assert entropy[0] == pytest.approx(-(p0 * np.log(p0)).sum())
+    assert stop[0] == pytest.approx(np.log(4 / 6))
+    p1 = np.exp(logp[1])
+    assert stop[1] == pytest.approx(np.log(p1[2] + p1[3]))
+    assert distribution_stats(logp, ())[1].tolist() == [-np.inf, -np.inf]

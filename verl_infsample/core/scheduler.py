@@ -71,6 +71,10 @@ class Scheduler:
         self.stats = SchedulerStats()
         # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
         self.refines_predictions = policy.uses_predictor and hasattr(predictor, "observe_tokens")
+        # Waiting samples' predictions are read before admission only under a KV budget (the admission projection,
+        # the SJF refill of what the planned head cannot use); under slots, where any sample fits a free slot, a
+        # waiting sample's prediction is refreshed once, when it is admitted, not each time a sibling finishes.
+        self._refresh_waiting_eagerly = isinstance(capacity, KVBudget)
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
         self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
                                   if self.refines_predictions else frozenset())
@@ -176,6 +180,10 @@ class Scheduler:
             if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
                 self.stats.recompute_tokens += s.generated
                 self.kv_tokens += s.generated
+            if self.refines_predictions and not self._refresh_waiting_eagerly and self._finished:
+                t0 = time.perf_counter()
+                s.predicted_len = float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+                self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
             s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
             self._group_running[s.group] += 1
             self.running.append(s)
@@ -232,11 +240,13 @@ class Scheduler:
                 self.predictor.observe(self.groups[s.group], s, s.generated)
                 learn_s += time.perf_counter() - t0
                 self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
-            if self.refines_predictions:  # sibling signal: finished lengths inform the rest of their groups
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
+            if self.refines_predictions and self._refresh_waiting_eagerly:  # sibling signal: finished lengths
+                # inform the rest of their groups (under slots, at their admission: see __init__)
                 for g in sorted({s.group for s in finished}):
                     members = self.samples[self._group_first[g]:self._group_first[g + 1]]
                     self._repredict([s for s in members if s.state is SampleState.WAITING])
+            if self.refines_predictions:
                 self.stats.refine_ms += (time.perf_counter() - t0 + learn_s) * 1e3  # learning included
 
     def _release(self, s: Sample) -> None:

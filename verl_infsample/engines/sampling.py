@@ -55,16 +55,20 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     return int(tokens[0]), float(logprobs[0])
 
 
-def sample_tokens(logits: np.ndarray, params: SamplingParams,
-                  rngs: list[np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
-    """One token per row of ``logits`` [B, V], row b drawn from ``rngs[b]``; returns (tokens, log-probs).
+def sample_tokens(logits: np.ndarray, params: SamplingParams, rngs: list[np.random.Generator], *,
+                  with_logp: bool = False) -> tuple[np.ndarray, ...]:
+    """One token per row of ``logits`` [B, V], row b drawn from ``rngs[b]``; returns (tokens, log-probs), and with
+    ``with_logp`` the [B, V] log-probs of the distribution drawn from (before top-k / top-p), for
+    ``distribution_stats``.
 
     Rows are independent: the same row gives the same token whatever else is in the batch.
     """
     logits = apply_logit_bias(logits.astype(np.float64), params)
     if params.temperature == 0:
         tokens = np.argmax(logits, axis=1)
-        return tokens, np.take_along_axis(_log_softmax(logits), tokens[:, None], 1)[:, 0]
+        logp = _log_softmax(logits)
+        out = tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
+        return (*out, logp) if with_logp else out
     logp = _log_softmax(logits / params.temperature)
     vocab = logp.shape[1]
     keep = np.ones_like(logp, dtype=bool)
@@ -80,25 +84,21 @@ def sample_tokens(logits: np.ndarray, params: SamplingParams,
         keep &= nucleus
     noise = np.stack([rng.gumbel(size=vocab) for rng in rngs])  # each stream advances by one vocab per token
     tokens = np.argmax(np.where(keep, logp + noise, -np.inf), axis=1)
-    return tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
+    out = tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
+    return (*out, logp) if with_logp else out
 
 
-def distribution_stats(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``logits`` [B, V]: the entropy (nats) of the distribution tokens are drawn from, and the log of its
-    mass on the stop tokens (-inf without stop tokens). What a length predictor reads; float32 is plenty."""
-    z = apply_logit_bias(np.asarray(logits, dtype=np.float32), params)
-    if params.temperature > 0 and params.temperature != 1:
-        z = z / np.float32(params.temperature)
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    total = e.sum(axis=1)
-    log_total = np.log(total)
-    entropy = log_total - np.einsum("ij,ij->i", e, z) / total
-    stop = list(params.stop_token_ids)
-    with np.errstate(divide="ignore"):
-        stop_logprob = (np.log(e[:, stop].sum(axis=1)) - log_total if stop
-                        else np.full(len(z), -np.inf, dtype=np.float32))
-    return entropy, stop_logprob
+def distribution_stats(logp: np.ndarray, stop_token_ids) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``logp`` [B, V] (the log-probs tokens are drawn from, ``sample_tokens(with_logp=True)``): its
+    entropy (nats) and the log of its mass on the stop tokens (-inf without stop tokens; at least log(1e-300)).
+    What a length predictor reads; computed only for the rows at a predictor checkpoint, from what sampling
+    already has, in few numpy calls (the rows are few: the calls, not the arithmetic, are the cost)."""
+    p = np.exp(logp)
+    entropy = -np.einsum("ij,ij->i", p, logp)
+    stop = list(stop_token_ids)
+    if not stop:
+        return entropy, np.full(len(logp), -np.inf)
+    return entropy, np.log(np.maximum(p[:, stop].sum(axis=1), 1e-300))
 
 
 def apply_logit_bias(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

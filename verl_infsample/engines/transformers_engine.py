@@ -155,7 +155,7 @@ class TransformersEngine:
             if out is not None:
                 rows[feeding] = out
         params = self._params
-        tokens, logprobs = sample_tokens(rows, params, [s.payload["rng"] for s in running])
+        tokens, logprobs, logp = sample_tokens(rows, params, [s.payload["rng"] for s in running], with_logp=True)
         finished = []
         for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
@@ -168,7 +168,7 @@ class TransformersEngine:
                 continue
             finished.append(s)
         if sched.token_checkpoints:
-            self._report_tokens(sched, running, rows)
+            self._report_tokens(sched, running, logp)
         self.pool.record(sched.stats.decode_steps + 1)
         return finished, 1
 
@@ -201,7 +201,7 @@ class TransformersEngine:
         return loaded
 
     # --- internals -------------------------------------------------------------------------------------------------
-    def _report_tokens(self, sched: Scheduler, running: list[Sample], rows: np.ndarray) -> None:
+    def _report_tokens(self, sched: Scheduler, running: list[Sample], logp: np.ndarray) -> None:
         """Samples that reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and stop
         mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""
         t0 = time.perf_counter()
@@ -211,7 +211,7 @@ class TransformersEngine:
             return
         from ..predict.features import TokenWindow
 
-        entropy, stop_logprob = distribution_stats(rows[at], self._params)
+        entropy, stop_logprob = distribution_stats(logp[at], self._params.stop_token_ids)
         reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
                    for i, h, sl in zip(at, entropy.tolist(), stop_logprob.tolist())]
         sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3

@@ -4,7 +4,8 @@ When a running sample reaches one of the predictor's checkpoints (k generated to
 ``TokenWindow``: its token ids and their log-probs (which it keeps anyway), the entropy of the distribution the last
 token was drawn from and that distribution's mass on the stop tokens. Nothing is computed on the other steps.
 Engines without logits (a trace of token ids) pass None / NaN there. ``feature_vector`` builds the regressor's input
-from the prompt, the sample's tokens so far, its group's finished siblings and the prompt's history.
+from the prompt, the sample's tokens so far, its group's finished siblings and the prompt's history, and what earlier
+samples that began with the same tokens went on to generate (the predictor keeps those means: ``prefix_log_len``).
 """
 
 from __future__ import annotations
@@ -61,11 +62,14 @@ class GroupContext:
 
 # layout of the feature vector
 _TOKEN_SCALARS = 6
-DIM = 1 + 1 + PROMPT_BUCKETS + 1 + 2 + 3 + _TOKEN_SCALARS + TOKEN_BUCKETS
+DIM = 1 + 1 + PROMPT_BUCKETS + 1 + 2 + 3 + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
 
 
-def feature_vector(ctx: GroupContext, window: TokenWindow | None) -> np.ndarray:
-    """The regressor's input (``DIM`` numbers); token features are zero before the first token."""
+def feature_vector(ctx: GroupContext, window: TokenWindow | None, prefix_log_len: float | None = None) -> np.ndarray:
+    """The regressor's input (``DIM`` numbers); token features are zero before the first token. ``prefix_log_len``:
+    mean log remaining length of earlier samples that began with the same tokens, at the same checkpoint (a
+    hashed bag of tokens mixes ids in its buckets; this keeps the opening's own track record, e.g. "Let me think
+    step by step" vs a one-word answer)."""
     x = np.zeros(DIM)
     x[0] = 1.0
     x[1] = math.log1p(ctx.prompt_len) / 5.0
@@ -96,4 +100,7 @@ def feature_vector(ctx: GroupContext, window: TokenWindow | None) -> np.ndarray:
         i += _TOKEN_SCALARS
         for t in window.token_ids:
             x[i + _bucket(t, TOKEN_BUCKETS)] += 1.0 / n
+    i = DIM - 2
+    if prefix_log_len is not None:
+        x[i], x[i + 1] = 1.0, prefix_log_len / 5.0
     return x

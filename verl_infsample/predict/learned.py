@@ -4,17 +4,20 @@ A sample's remaining length is predicted at checkpoints k = 0 (before its first 
 of 4 below K) and K generated tokens (K = 8: 0, 4, 8; K = 2: 0, 2). Each checkpoint has its own ridge regressor on
 log(remaining tokens), over ``features.feature_vector``: the prompt (length, hashed token n-grams), the prompt's
 earlier rollouts, the group's finished siblings and the sample's own tokens so far (token n-grams, log-probs, the
-entropy and stop probability of the distribution it draws from). Between checkpoints a prediction
-holds: engines report a sample's tokens only when it reaches a checkpoint (``token_checkpoints``), so most decode
-steps cost nothing. Samples still waiting share one prediction per group (they differ in nothing yet), refreshed
-when a sibling finishes.
+entropy and stop probability of the distribution it draws from, and the opening's track record: the mean log
+remaining length, at this checkpoint, of earlier samples that began with the same first tokens). Between
+checkpoints a prediction holds: engines report a sample's tokens only when it reaches a checkpoint
+(``token_checkpoints``), so most decode steps cost nothing. Samples still waiting share one prediction per group
+(they differ in nothing yet), refreshed when a sibling finishes.
 
 Learning: when a sample finishes, its true length labels the feature snapshot it left at each checkpoint it passed
 (so each regressor sees exactly the samples that were still running at its k, as at prediction time). Sufficient
-statistics decay by ``forget`` per observation: the policy changes every training step, and old rollouts fade
-(memory of about 1 / (1 - forget) samples per checkpoint). Until a checkpoint has seen ``min_samples`` samples its
-predictions come from the core's ``history`` predictor. ``save``/``load`` (or ``state=PATH`` in the spec) carry the
-state across training steps and restarts.
+statistics decay by ``forget`` per observation (memory of about 1 / (1 - forget) samples per checkpoint), folded in
+a few rows at a time when the regressor is next solved. The policy changes every training step, faster than such a
+memory follows, so each batch starts with a *drift* term: the regressors' mean residual on the previous batch, as
+they stand now (two time scales: the drift moves at once, the regressors catch up and the drift falls back to ~0).
+Until a checkpoint has seen ``min_samples`` samples its predictions come from the core's ``history`` predictor.
+``save``/``load`` (or ``state=PATH`` in the spec) carry the state across training steps and restarts.
 
 Spec: ``learned[:k=K][,forget=F][,min=N][,state=PATH]``, e.g. ``learned:k=8`` or ``learned:state=/ckpt/len.npz``.
 
@@ -36,7 +39,11 @@ from ..core.predictor import HistoryPredictor
 from ..core.sample import Group, Sample
 from .features import DIM, GroupContext, TokenWindow, feature_vector, prompt_vector
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+DRIFT_MIN = 8  # samples a checkpoint needs in a batch before its mean residual becomes the next batch's drift
+PREFIX_TOKENS = (2, 1)  # openings tracked: the first two tokens, else the first one
+PREFIX_MIN = 4  # samples an opening needs before its mean is a feature
+PREFIX_KEYS = 65_536  # openings remembered per checkpoint (the oldest go first)
 
 
 def checkpoints_up_to(k: int) -> tuple[int, ...]:
@@ -56,6 +63,7 @@ class _LiveSample:
 
     generated: int = 0  # tokens at its latest checkpoint
     snapshots: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (checkpoint index, features)
+    opening: tuple[int, ...] = ()  # its first tokens (``PREFIX_TOKENS[0]`` of them, fewer before)
     cached: float | None = None  # prediction at its latest checkpoint (None: recompute)
 
 
@@ -64,29 +72,37 @@ class LearnedPredictor:
 
     name = "learned"
 
-    def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.995, ridge: float = 10.0,
-                 min_samples: int = 32, refit_every: int = 16, state_path: str | Path | None = None):
+    def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.998, ridge: float = 2.0,
+                 prompt_ridge: float = 10.0, min_samples: int = 32, refit_every: int = 16,
+                 state_path: str | Path | None = None):
+        """``ridge``: the token checkpoints' penalty (many distinct samples); ``prompt_ridge``: k = 0's, where a batch
+        has few distinct prompts and their hashed n-grams overfit without a stronger one."""
         if not 0 < forget <= 1:
             raise ValueError(f"predictor 'learned:forget=F' needs 0 < F <= 1, got {forget}")
         if min_samples < 1:
             raise ValueError(f"predictor 'learned:min=N' needs N >= 1, got {min_samples}")
         self.max_len, self.k, self.forget, self.ridge = max_len, k, forget, ridge
+        self.prompt_ridge = prompt_ridge
         self.min_samples, self.refit_every = min_samples, refit_every
         self.checkpoints = checkpoints_up_to(k)
         self.token_checkpoints = frozenset(self.checkpoints[1:])  # where engines report a sample's tokens
         self.name = f"learned:k={k}"
         c = len(self.checkpoints)
-        # decayed sums, stored divided by ``_scale`` (decay costs one multiply, not a pass over the matrix)
+        # decayed sums X^T X, X^T y; new rows wait in ``_rows`` and are folded in (one matrix product) when the
+        # regressor is next solved: an observation costs a list append, not an outer product
         self._A = np.zeros((c, DIM, DIM))
         self._b = np.zeros((c, DIM))
-        self._scale = np.ones(c)
+        self._rows: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(c)]
         self._seen = np.zeros(c, dtype=np.int64)  # samples each checkpoint has learned from (no decay)
         self._w = np.zeros((c, DIM))
-        self._pending = np.zeros(c, dtype=np.int64)  # observations since the last solve
+        self._drift = np.zeros(c)  # the last batch's mean residual (log tokens), added to predictions: see start_batch
+        self._batch_x = np.zeros((c, DIM))  # this batch's samples, per checkpoint: sum of features,
+        self._batch_y = np.zeros((c, 2))  # (sum of log remaining lengths, count)
         self._solved = np.zeros(c, dtype=bool)
-        self._outer = np.empty((DIM, DIM))
         self.history = HistoryPredictor(max_len)
         self._history_log: dict[str, list[float]] = {}  # prompt id -> [sum of log length, count]
+        # per checkpoint: opening (first tokens) -> [decayed sum of log remaining length, decayed count]
+        self._openings: list[dict[tuple[int, ...], list[float]]] = [{} for _ in self.checkpoints]
         self._prompts: dict[str, np.ndarray] = {}  # prompt id -> prompt_vector (latest batch's prompts)
         self._groups: dict[str, GroupContext] = {}
         self._live: dict[tuple[str, int], _LiveSample] = {}
@@ -107,6 +123,7 @@ class LearnedPredictor:
         """A new rollout: per-batch state (siblings, in-flight samples) starts empty; persist what was learned."""
         self._groups = {g.prompt_id: self._new_context(g) for g in groups}
         self._live = {}
+        self._update_drift()
         if self.state_path is not None and self.observed > self._saved_at:
             self.save(self.state_path)
 
@@ -142,7 +159,9 @@ class LearnedPredictor:
         n = len(window.token_ids)
         if n not in self.token_checkpoints or n <= live.generated:
             return False
-        live.snapshots.append((self.checkpoints.index(n), feature_vector(ctx, window)))
+        live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
+        ci = self.checkpoints.index(n)
+        live.snapshots.append((ci, feature_vector(ctx, window, self._opening_mean(ci, live.opening))))
         live.generated, live.cached = n, None
         return True
 
@@ -160,40 +179,87 @@ class LearnedPredictor:
             snapshots = [(0, ctx.waiting[1])]
         else:
             snapshots = [(0, feature_vector(ctx, None))]
+        opening = live.opening if live is not None else ()
         for ci, x in snapshots:
             remaining = length - self.checkpoints[ci]
             if remaining >= 1:
                 self._learn(ci, x, math.log(remaining))
+                if ci and opening:
+                    self._learn_opening(ci, opening, math.log(remaining))
         ctx.finished += 1
         ctx.finished_log_len_sum += math.log(length)
         self.observed += 1
 
     # --- the regressors ------------------------------------------------------------------------------------------
     def _learn(self, ci: int, x: np.ndarray, y: float) -> None:
-        self._scale[ci] *= self.forget
-        if self._scale[ci] < 1e-100:  # fold the scale in before it underflows
-            self._A[ci] *= self._scale[ci]
-            self._b[ci] *= self._scale[ci]
-            self._scale[ci] = 1.0
-        xs = x / self._scale[ci]
-        np.multiply(xs[:, None], x[None, :], out=self._outer)
-        self._A[ci] += self._outer
-        self._b[ci] += y * xs
+        self._rows[ci].append((x, y))
         self._seen[ci] += 1
-        self._pending[ci] += 1
+
+    def _fold(self, ci: int) -> None:
+        """Fold the waiting rows into the decayed sums: each observation decays the ones before it by ``forget``,
+        so m new rows weigh forget^(m-1), ..., 1 and the old sums forget^m."""
+        rows, self._rows[ci] = self._rows[ci], []
+        if not rows:
+            return
+        X = np.array([x for x, _ in rows])
+        y = np.array([v for _, v in rows])
+        weights = self.forget ** np.arange(len(rows) - 1, -1, -1, dtype=float)
+        decay = self.forget ** len(rows)
+        Xw = X * weights[:, None]
+        self._A[ci] = decay * self._A[ci] + Xw.T @ X
+        self._b[ci] = decay * self._b[ci] + Xw.T @ y
+        self._batch_x[ci] += X.sum(axis=0)
+        self._batch_y[ci] += (float(y.sum()), float(len(rows)))
+
+    def _update_drift(self) -> None:
+        """The policy moves every training step and the regressors, remembering ~1 / (1 - forget) samples, follow
+        slowly: the regressors' mean residual on the last batch, as they stand now, shifts the next batch's
+        predictions; it falls back to ~0 as they catch up. Whole batches only: within a batch the short samples
+        finish first, so a running mean would swing from too short to too long. The mean residual is linear in w:
+        mean(y) - w . mean(x), from two running sums."""
+        for ci in range(len(self.checkpoints)):
+            self._fold(ci)
+        for ci in np.flatnonzero(self._batch_y[:, 1] >= DRIFT_MIN):
+            if self._seen[ci] >= self.min_samples:
+                self._solve(int(ci))
+                self._drift[ci] = (self._batch_y[ci, 0] - float(self._w[ci] @ self._batch_x[ci])) / self._batch_y[ci, 1]
+        self._batch_x[:] = 0.0
+        self._batch_y[:] = 0.0
+
+    def _opening_mean(self, ci: int, opening: tuple[int, ...]) -> float | None:
+        """Mean log remaining length at checkpoint ``ci`` of earlier samples with this opening (the longest tracked
+        prefix with ``PREFIX_MIN`` samples), or None."""
+        for n in PREFIX_TOKENS:
+            stat = self._openings[ci].get(opening[:n]) if len(opening) >= n else None
+            if stat is not None and stat[1] >= PREFIX_MIN:
+                return stat[0] / stat[1]
+        return None
+
+    def _learn_opening(self, ci: int, opening: tuple[int, ...], y: float) -> None:
+        table = self._openings[ci]
+        for n in PREFIX_TOKENS:
+            if len(opening) < n:
+                continue
+            stat = table.pop(opening[:n], None) or [0.0, 0.0]  # re-inserted last: the most recent
+            stat[0] = stat[0] * self.forget + y
+            stat[1] = stat[1] * self.forget + 1.0
+            table[opening[:n]] = stat
+        while len(table) > PREFIX_KEYS:
+            del table[next(iter(table))]
 
     def _regress(self, ci: int, x: np.ndarray) -> float | None:
         """Predicted final length from checkpoint ``ci``'s regressor, or None while it is untrained."""
         if self._seen[ci] < self.min_samples:
             return None
-        if self._pending[ci] >= self.refit_every or not self._solved[ci]:
+        if len(self._rows[ci]) >= self.refit_every or not self._solved[ci]:
             self._solve(ci)
-        y = min(max(float(self._w[ci] @ x), 0.0), math.log(self.max_len))
+        y = min(max(float(self._w[ci] @ x) + self._drift[ci], 0.0), math.log(self.max_len))
         return self.checkpoints[ci] + math.exp(y)
 
     def _solve(self, ci: int, iterations: int = 3 * DIM, tol: float = 1e-14) -> None:
         """w = (A + ridge I)^-1 b by conjugate gradients from the previous w (few steps: A moved a little)."""
-        A, b, ridge = self._A[ci], self._b[ci], self.ridge / self._scale[ci]  # both sides divided by the scale
+        self._fold(ci)
+        A, b, ridge = self._A[ci], self._b[ci], self.ridge if ci else self.prompt_ridge
         w = self._w[ci].copy()
         r = b - (A @ w + ridge * w)
         p, rr = r.copy(), float(r @ r)
@@ -207,7 +273,7 @@ class LearnedPredictor:
             r -= alpha * Ap
             rr, rr_old = float(r @ r), rr
             p = r + (rr / rr_old) * p
-        self._w[ci], self._pending[ci], self._solved[ci] = w, 0, True
+        self._w[ci], self._solved[ci] = w, True
 
     def refit(self) -> None:
         """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
@@ -237,11 +303,14 @@ class LearnedPredictor:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"version": STATE_VERSION, "dim": DIM, "checkpoints": list(self.checkpoints), "observed": self.observed,
                 "history_log": self._history_log,
+                "openings": [[[list(key), stat] for key, stat in table.items()] for table in self._openings],
                 "history": {"sum": dict(self.history._sum), "count": dict(self.history._count),
                             "global_sum": self.history._global_sum, "global_count": self.history._global_count}}
+        for ci in range(len(self.checkpoints)):
+            self._fold(ci)
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, A=self._A * self._scale[:, None, None], b=self._b * self._scale[:, None], seen=self._seen,
-                 meta=np.array(json.dumps(meta)))
+        np.savez(tmp, A=self._A, b=self._b, seen=self._seen,
+                 drift=self._drift, batch_x=self._batch_x, batch_y=self._batch_y, meta=np.array(json.dumps(meta)))
         tmp.replace(path)
         self._saved_at = self.observed
 
@@ -252,6 +321,7 @@ class LearnedPredictor:
             with np.load(path) as z:
                 meta = json.loads(str(z["meta"]))
                 A, b, seen = z["A"], z["b"], z["seen"]
+                drift, batch_x, batch_y = z["drift"], z["batch_x"], z["batch_y"]
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"predictor state {path}: cannot read it ({e}); delete it to start fresh") from None
         if meta.get("version") != STATE_VERSION or meta.get("dim") != DIM:
@@ -261,12 +331,13 @@ class LearnedPredictor:
             raise ValueError(f"predictor state {path}: learned at checkpoints {meta['checkpoints']}, this predictor "
                              f"uses {list(self.checkpoints)} (k={self.k}); use the same k or delete the file")
         self._A, self._b, self._seen = A.copy(), b.copy(), seen.copy()
-        self._scale = np.ones(len(self.checkpoints))
+        self._drift, self._batch_x, self._batch_y = drift.copy(), batch_x.copy(), batch_y.copy()
+        self._rows = [[] for _ in self.checkpoints]
         self._w = np.zeros_like(self._b)
-        self._pending = np.zeros_like(self._seen)
         self._solved = np.zeros(len(self.checkpoints), dtype=bool)
         self.observed = self._saved_at = int(meta["observed"])
         self._history_log = {k: list(v) for k, v in meta["history_log"].items()}
+        self._openings = [{tuple(key): list(stat) for key, stat in table} for table in meta["openings"]]
         h = meta["history"]
         self.history._sum.update(h["sum"])
         self.history._count.update(h["count"])
