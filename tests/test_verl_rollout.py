@@ -70,6 +70,64 @@ def test_engine_setting_defaults_to_transformers_and_vllm_without_vllm_says_what
     assert "make setup-vllm" in str(err.value)
 
 
+class _SleepModeEngineFake:
+    """Stands in for an engine with vLLM's sleep mode (vLLM's sleep needs a GPU: its CPU platform has none): wraps
+    the real TransformersEngine, records sleep / wake_up, and refuses to decode while any part of it sleeps."""
+
+    enable_sleep_mode = True
+
+    def __init__(self, engine):
+        self.inner, self.calls, self.asleep = engine, [], set()
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags=None) -> None:
+        self.calls.append(("wake_up", tuple(tags)))
+        self.asleep -= set(tags)
+
+    def rollout(self, *args, **kwargs):
+        assert not self.asleep, f"decoding while {sorted(self.asleep)} sleep"
+        return self.inner.rollout(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("free_cache_engine", [True, False])
+def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_model_dir, free_cache_engine):
+    """verl's lifecycle on an engine with sleep mode: sleep frees weights and KV (level 1: the weights come back as they
+    were), release_kv_cache only the KV, wake_up(tags) what it names, and a request that arrives while the engine
+    sleeps wakes it before decoding; with rollout.free_cache_engine=false nothing is freed."""
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
+                      "actor_rollout_ref.rollout.custom.batch_window_ms=0",
+                      f"actor_rollout_ref.rollout.free_cache_engine={free_cache_engine}").actor_rollout_ref.rollout
+    server = InfiniteServer(rollout, {"path": tiny_model_dir})
+    engine = server.engine = _SleepModeEngineFake(server.engine)
+    params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=False)
+
+    async def scenario():
+        await server.sleep()
+        await server.wake_up(tags=["weights"])  # verl: wake the weights, sync them, then the KV
+        await server.wake_up(tags=["kv_cache"])
+        awake = list(engine.calls)
+        await server.release_kv_cache()
+        out = await server.generate([1, 2, 3], params, "r0")  # the KV still sleeps: the request wakes it first
+        return awake, out
+
+    awake, out = asyncio.run(scenario())
+    assert len(out.token_ids) >= 1 and out.stop_reason in ("completed", "length")
+    if not free_cache_engine:
+        assert engine.calls == []
+        return
+    assert awake == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+    assert engine.calls[len(awake):] == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+    assert not engine.asleep
+
+
 def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={CONFIGS}", "--config-name=infinite_grpo",

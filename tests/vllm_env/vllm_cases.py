@@ -40,6 +40,7 @@ def server(model_dir):
     rollout = {"custom": {"engine": "vllm", "predictor": "none", "batch_window_ms": 0}, "seed": 0,
                "prompt_length": 256, "response_length": MAX_NEW, "max_num_seqs": MAX_SEQS, "max_model_len": 512,
                "gpu_memory_utilization": 0.1, "enforce_eager": True, "dtype": "float32",
+               "enable_sleep_mode": True,  # verl's default; vLLM's CPU platform has no sleep mode
                "engine_kwargs": {"vllm": {"num_gpu_blocks_override": KV_BLOCKS, "block_size": BLOCK}}}
     return InfiniteServer(rollout, {"path": model_dir})
 
@@ -203,6 +204,28 @@ def test_the_verl_server_decodes_with_vllm(server, engine, prompts):
                       "plain_engine_steps": plain.vllm.engine_steps, "tokens": plain.total_tokens}))
 
 
+def test_sleep_mode_where_the_platform_has_none(server, engine, prompts):
+    """verl asks for sleep mode by default (rollout.enable_sleep_mode); vLLM's CPU platform has none and would refuse
+    to start with it, so the engine starts without it, and the server's sleep / wake_up free nothing: it decodes the
+    same afterwards (on a GPU, sleep frees weights and KV: scripts/gpu_check.sh measures it)."""
+    import asyncio
+
+    assert engine.enable_sleep_mode is False and not server._sleeps()
+    batch = _server_batch(prompts)
+    before = [r[0] for r in server._rollout(batch)]
+
+    async def cycle():
+        await server.sleep()
+        await server.release_kv_cache()
+        await server.resume_kv_cache()
+        await server.wake_up(tags=["weights"])
+        await server.wake_up(tags=["kv_cache"])
+
+    asyncio.run(cycle())
+    assert server._asleep == set()
+    assert [r[0] for r in server._rollout(_server_batch(prompts))] == before
+
+
 def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine, prompts):
     """abort_all_requests' hook (on_step): the batch stops after the step it was set in; unfinished samples return
     their tokens so far, "aborted" (a prefix of what they decode undisturbed), and nothing is left in vLLM."""
@@ -286,6 +309,7 @@ def test_gpu_check_dry_run_prints_the_comparison(capsys):
     assert gpu_check.main(["--dry-run", "--n", "8", "--prompts", "2", "--max-new-tokens", "48"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["dry_run"] is True and [row["n"] for row in report["results"]] == [8]
+    assert report["sleep"] == {"enabled": False}  # no sleep mode on vLLM's CPU platform; on a GPU: bytes freed
     for row in report["results"]:
         for path in ("verl_vllm", "infinite"):
             assert {"peak_gpu_memory_bytes", "decode_steps", "tokens_per_s", "preemptions"} <= set(row[path])

@@ -37,6 +37,7 @@ vLLM is imported lazily: ``import verl_infsample`` never needs it, and building 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample, SampleState
 from ..core.scheduler import Scheduler, SchedulerStats
 from .base import LoopTiming, check_batch, run_rollout
+
+logger = logging.getLogger(__name__)
 from .kv_blocks import KVStats
 from .sampling import SamplingParams
 from .transformers_engine import EngineRollout, SampleOutput
@@ -180,6 +183,13 @@ class VLLMEngine:
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        if enable_sleep_mode:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_sleep_mode_available():  # vLLM would refuse to start (its CPU platform)
+                logger.info("VLLMEngine: sleep mode is not available on %s; sleep/wake_up will free nothing",
+                            type(current_platform).__name__)
+                enable_sleep_mode = False
         if kv_blocks is not None and kv_blocks < 2:
             raise ValueError(f"kv_blocks must be >= 2 (block 0 is vLLM's null block), got {kv_blocks}")
         if max_num_seqs is None:

@@ -73,6 +73,7 @@ class InfiniteServer:
         self._resumed.set()
         self._abort = threading.Event()  # the decoding batch stops at its next step
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
+        self._asleep: set[str] = set()  # what the engine's sleep mode has freed ("weights", "kv_cache")
         logger.info("InfiniteServer %d ready: %s on %s", replica_rank, path, self.settings)
 
     # --- the request path ----------------------------------------------------------------------------------------
@@ -123,6 +124,10 @@ class InfiniteServer:
                 continue
             async with self._lock:
                 try:
+                    if self._asleep:  # verl wakes a replica before it generates; a request that comes first wakes it
+                        logger.warning("InfiniteServer %d: requests arrived while the engine sleeps (%s); waking it",
+                                       self.replica_rank, sorted(self._asleep))
+                        await self._wake_engine_locked()
                     results = await asyncio.to_thread(self._rollout, batch)
                 except BaseException as e:  # every request of the batch fails loudly, none returns partial
                     for r in batch:
@@ -220,19 +225,56 @@ class InfiniteServer:
             raise RolloutAborted(sched)
 
     # --- verl's lifecycle calls ----------------------------------------------------------------------------------
+    # With an engine in sleep mode (vLLM built with enable_sleep_mode, on a platform that has it) these free and
+    # restore GPU memory as verl's vLLM server does, between batches (under the lock: never under a decoding batch).
+    # Sleep is level 1 (weights offloaded to host memory, KV dropped): the weights come back as they were, whether or
+    # not a weight sync follows. The transformers engine's paged store holds nothing between batches, so there they
+    # free nothing.
+    def _sleeps(self) -> bool:
+        return bool(getattr(self.engine, "enable_sleep_mode", False)) and bool(
+            config_value(self.rollout, "free_cache_engine", True))
+
+    async def _sleep_engine(self, tags: set[str]) -> None:
+        """Free ``tags`` ("weights", "kv_cache") that are awake."""
+        async with self._lock:
+            if not self._asleep and tags:
+                await asyncio.to_thread(self.engine.sleep, 1)  # frees both; re-wake what must stay
+                self._asleep = {"weights", "kv_cache"}
+                if keep := sorted({"weights", "kv_cache"} - tags):
+                    await asyncio.to_thread(self.engine.wake_up, keep)
+                    self._asleep -= set(keep)
+
+    async def _wake_engine(self, tags=None) -> None:
+        async with self._lock:
+            await self._wake_engine_locked(tags)
+
+    async def _wake_engine_locked(self, tags=None) -> None:
+        wake = sorted(self._asleep if tags is None else self._asleep & set(tags))
+        if wake:
+            await asyncio.to_thread(self.engine.wake_up, wake)
+            self._asleep -= set(wake)
+
     async def wake_up(self, tags=None):
+        if self._sleeps():
+            await self._wake_engine(tags)
         return True
 
     async def sleep(self):
-        return True  # the paged store holds nothing between batches: there is no KV to release
+        if self._sleeps():
+            await self._sleep_engine({"weights", "kv_cache"})
+        return True
 
     async def clear_kv_cache(self):
         return True
 
     async def release_kv_cache(self):
+        if self._sleeps():
+            await self._sleep_engine({"kv_cache"})
         return True
 
     async def resume_kv_cache(self):
+        if self._sleeps():
+            await self._wake_engine(["kv_cache"])
         return True
 
     async def set_global_steps(self, global_steps):
@@ -355,7 +397,7 @@ def build_engine(settings, rollout, model_path: str):
     ``VLLMEngine`` raises an ImportError that says what to install). ``vllm`` takes its sizes from verl's rollout
     config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``, ``max_model_len``
     (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``, ``dtype``, ``seed``,
-    plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
+    ``enable_sleep_mode`` (where the platform has it), plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
     if settings.engine == "transformers":
         import torch
 
@@ -374,6 +416,7 @@ def build_engine(settings, rollout, model_path: str):
                           max_num_seqs=config_value(rollout, "max_num_seqs"), max_model_len=int(max_model_len),
                           max_num_batched_tokens=config_value(rollout, "max_num_batched_tokens"),
                           enforce_eager=bool(config_value(rollout, "enforce_eager", False)),
+                          enable_sleep_mode=bool(config_value(rollout, "enable_sleep_mode", False)),
                           seed=int(config_value(rollout, "seed", 0)),
                           **{k: v for k, v in dict(extra).items() if v is not None})
     raise ValueError(f"actor_rollout_ref.rollout.custom.engine={settings.engine!r}: unknown engine; choose one of: "
