@@ -250,3 +250,14 @@ def test_step_seed_draws_fresh_samples_at_each_training_step():
     assert seed(3, None) == 3
     assert seed(3, 1) == seed(3, 1)
     assert len({seed(3, 1), seed(3, 2), seed(4, 1), seed(4, 2)}) == 4
+
+
+def test_worker_placement_puts_a_replica_on_its_workers_node_and_devices():
+    """InfiniteReplica places its server as verl's vLLM replica does: the workers' node, their accelerator ids as the
+    server's visible devices (none if a worker has none), and a clear error for a replica spread over nodes."""
+    from verl_infsample.verl_rollout.replica import WorkerPlacement
+
+    assert WorkerPlacement.of([("n1", ["2"]), ("n1", ["3"])], 0) == WorkerPlacement("n1", ("2", "3"))
+    assert WorkerPlacement.of([("n1", ["0"]), ("n1", [])], 0) == WorkerPlacement("n1", ())
+    with pytest.raises(ValueError, match="replica 1: its 2 workers span 2 nodes.*more replicas"):
+        WorkerPlacement.of([("n1", ["0"]), ("n2", ["0"])], 1)

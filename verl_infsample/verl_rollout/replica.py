@@ -1,10 +1,20 @@
-"""``InfiniteReplica``: verl's driver-side handle on one ``InfiniteServer`` actor."""
+"""``InfiniteReplica``: verl's driver-side handle on one ``InfiniteServer`` actor.
+
+Placement follows verl's vLLM replica (``vLLMReplica.launch_servers``): in hybrid mode the server goes to the node of
+its replica's workers and sees their devices (``CUDA_VISIBLE_DEVICES`` set to the workers' accelerator ids, with
+Ray told not to reset it), so every replica decodes on its own GPUs; in standalone mode a vLLM server asks Ray for
+its replica's GPUs itself. One server per replica: a replica must fit on one node (more replicas scale out).
+"""
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
 
 import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
+from ..settings import settings_from_rollout
 from .server import InfiniteServer
 
 
@@ -13,18 +23,65 @@ def server_name(replica_rank: int, name_suffix: str = "") -> str:
     return f"infinite_server_{replica_rank}_0{name_suffix}"
 
 
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where a replica's workers are: the node, and their accelerator ids (empty where a worker has none)."""
+
+    node_id: str
+    device_ids: tuple[str, ...]
+
+    @classmethod
+    def of(cls, workers: list[tuple[str, list[str]]], replica_rank: int) -> "WorkerPlacement":
+        """From each worker's (node id, accelerator ids); a replica's workers must share one node."""
+        nodes = sorted({node for node, _ in workers})
+        if len(nodes) != 1:
+            raise ValueError(f"rollout replica {replica_rank}: its {len(workers)} workers span {len(nodes)} nodes; the "
+                             "infinite backend runs one server per replica, on one node: lower "
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size (x data/pipeline parallel) to "
+                             "the GPUs of one node, and scale out with more replicas")
+        ids = tuple(str(i[0]) for _, i in workers if i)
+        return cls(nodes[0], ids if len(ids) == len(workers) else ())
+
+
 class InfiniteReplica(RolloutReplica):
     async def init_standalone(self):
         """Standalone replicas need no accelerator pool or checkpoint-engine workers: the server loads the model."""
         self.rollout_mode = RolloutMode.STANDALONE
         await self.launch_servers()
 
+    async def _worker_placement(self) -> WorkerPlacement | None:
+        if not self.workers:
+            return None
+        from verl.utils.device import get_resource_name
+
+        resource = get_resource_name()
+        infos = await asyncio.gather(*[w.__ray_call__.remote(
+            lambda _, r=resource: (ray.get_runtime_context().get_node_id(),
+                                   list(ray.get_runtime_context().get_accelerator_ids().get(r, []))))
+            for w in self.workers])
+        return WorkerPlacement.of(list(infos), self.replica_rank)
+
     async def launch_servers(self):
+        from verl.plugin.platform import get_platform
+        from verl.utils.device import get_visible_devices_keyword
+
         name = server_name(self.replica_rank, self.name_suffix)
-        server = ray.remote(InfiniteServer).options(
-            name=name, num_cpus=0, max_concurrency=self.max_concurrency,
-            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        platform = get_platform()
+        env = {"TOKENIZERS_PARALLELISM": "false"}
+        options: dict = dict(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
+        kwargs: dict = {}
+        placement = await self._worker_placement()
+        if placement is not None:  # hybrid / colocated: on the workers' node, with their devices
+            options["scheduling_strategy"] = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                node_id=placement.node_id, soft=False)
+            env.update({var: "1" for var in platform.ray_noset_envvars()})
+            env.update(platform.rollout_env_vars())
+            if placement.device_ids:
+                kwargs["visible_devices"] = (get_visible_devices_keyword(), ",".join(placement.device_ids))
+        elif settings_from_rollout(self.config).engine == "vllm":  # standalone: the server holds its GPUs itself
+            options.update(platform.ray_resource_options(self.world_size))
+        server = ray.remote(InfiniteServer).options(**options, runtime_env={"env_vars": env}).remote(
+            config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, **kwargs)
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"infinite://{name}"  # unique per replica: verl's load balancer keys on it

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,7 +45,12 @@ class _Request:
 
 
 class InfiniteServer:
-    def __init__(self, config, model_config, replica_rank: int = 0, **_):
+    def __init__(self, config, model_config, replica_rank: int = 0, visible_devices: tuple[str, str] | None = None,
+                 **_):
+        """``visible_devices``: (variable, ids), e.g. ("CUDA_VISIBLE_DEVICES", "2,3"), the devices of the replica's
+        workers (``InfiniteReplica``), set before anything touches the device, as verl's vLLM server does."""
+        if visible_devices is not None:
+            os.environ[visible_devices[0]] = visible_devices[1]
         import torch
 
         self.rollout = config
@@ -74,7 +80,8 @@ class InfiniteServer:
         self._abort = threading.Event()  # the decoding batch stops at its next step
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
         self._asleep: set[str] = set()  # what the engine's sleep mode has freed ("weights", "kv_cache")
-        logger.info("InfiniteServer %d ready: %s on %s", replica_rank, path, self.settings)
+        logger.info("InfiniteServer %d ready: %s on %s%s", replica_rank, path, self.settings,
+                    f", {visible_devices[0]}={visible_devices[1]}" if visible_devices else "")
 
     # --- the request path ----------------------------------------------------------------------------------------
     async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None,
@@ -397,7 +404,7 @@ def build_engine(settings, rollout, model_path: str):
     ``VLLMEngine`` raises an ImportError that says what to install). ``vllm`` takes its sizes from verl's rollout
     config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``, ``max_model_len``
     (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``, ``dtype``, ``seed``,
-    ``enable_sleep_mode`` (where the platform has it), plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
+    ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
     if settings.engine == "transformers":
         import torch
 
@@ -417,6 +424,7 @@ def build_engine(settings, rollout, model_path: str):
                           max_num_batched_tokens=config_value(rollout, "max_num_batched_tokens"),
                           enforce_eager=bool(config_value(rollout, "enforce_eager", False)),
                           enable_sleep_mode=bool(config_value(rollout, "enable_sleep_mode", False)),
+                          tensor_parallel_size=int(config_value(rollout, "tensor_model_parallel_size", 1) or 1),
                           seed=int(config_value(rollout, "seed", 0)),
                           **{k: v for k, v in dict(extra).items() if v is not None})
     raise ValueError(f"actor_rollout_ref.rollout.custom.engine={settings.engine!r}: unknown engine; choose one of: "
