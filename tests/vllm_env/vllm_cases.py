@@ -120,6 +120,35 @@ def test_same_tokens_for_a_fixed_seed_whatever_the_slot_count(engine, prompts, p
     assert r.stats.peak_active <= slots
 
 
+def test_the_learned_predictor_reads_vllms_tokens_at_its_checkpoints(engine, prompts, plain):
+    """custom.predictor=learned on vLLM: the engine reports each sample's tokens and log-probs when it passes a
+    checkpoint (4 and 8 for k=8; vLLM gives no logits, so no entropy), the predictor learns from the finished
+    samples, and the tokens stay those of plain submission (predictions move only the schedule)."""
+    import math
+
+    from verl_infsample.core.capacity import SlotPool
+    from verl_infsample.core.predictor import make_predictor
+
+    learned = make_predictor("learned:k=8,min=4", max_len=MAX_NEW)
+    seen = []
+    original = learned.observe_tokens
+    learned.observe_tokens = lambda g, s, w: seen.append((g.prompt_id, s.index, w)) or original(g, s, w)
+    r = engine.rollout(prompts[0], G, _params(prompts), policy="infinite", capacity=SlotPool(4), predictor=learned)
+    assert _tokens(r) == _tokens(plain)
+    assert {len(w.token_ids) for _, _, w in seen} == {4, 8}
+    by_sample: dict = {}
+    for pid, index, w in seen:
+        by_sample.setdefault((pid, index), []).append(w)
+    assert len(by_sample) == sum(len(o.token_ids) >= 4 for g in r.outputs for o in g)  # each once past 4 tokens
+    prefixes = {(tuple(o.token_ids[:4]), tuple(o.token_ids[:8])) for g in r.outputs for o in g}
+    for windows in by_sample.values():
+        assert [len(w.token_ids) for w in windows] in ([4], [4, 8])
+        assert any(tuple(windows[0].token_ids) == p4 and tuple(windows[-1].token_ids) in (p4, p8)
+                   for p4, p8 in prefixes)  # the sample's own first tokens
+        assert len(windows[-1].logprobs) == len(windows[-1].token_ids) and math.isnan(windows[-1].entropy)
+    assert learned.observed == 2 * G and r.stats.refine_ms > 0
+
+
 def test_other_seed_other_tokens(engine, prompts, plain):
     from verl_infsample.core.capacity import SlotPool
 

@@ -332,7 +332,27 @@ class VLLMEngine:
         running = set(before)
         lagged = sum(1 for s in sched.running if len(s.payload["tokens"]) == before[s.uid])
         self._stats.lagged_tokens += lagged
+        if sched.token_checkpoints:
+            self._report_tokens(sched, before)
         return [s for s in finished if s.uid in running], 1
+
+    def _report_tokens(self, sched: Scheduler, before: dict[int, int]) -> None:
+        """Samples that passed one of the predictor's checkpoints this step: their tokens (and log-probs, when the
+        request asked for them). vLLM's outputs carry no logits, so no entropy or stop mass (NaN: the predictor
+        leaves those features out)."""
+        from ..predict.features import TokenWindow
+
+        t0 = time.perf_counter()
+        checkpoints = sorted(sched.token_checkpoints)
+        reports = []
+        for s in sched.running:
+            tokens, logprobs = s.payload["tokens"], s.payload["logprobs"]
+            for c in checkpoints:
+                if before[s.uid] < c <= len(tokens):
+                    reports.append((s, TokenWindow(tokens[:c], logprobs[:c] if len(logprobs) >= c else None)))
+        sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+        if reports:
+            sched.observe_tokens(reports)
 
     def release(self, sched: Scheduler, samples: list[Sample]) -> None:
         """Finished samples left vLLM on their own; samples the core preempted are aborted there."""
