@@ -48,8 +48,8 @@ def test_spec_settings_and_bad_options():
     assert p.checkpoints == (0, 4, 8) and p.token_checkpoints == {4, 8}
     spec = "learned:k=16,forget=0.99"
     assert InfiniteRolloutSettings.from_custom({"predictor": spec}).predictor == spec
-    with pytest.raises(ValueError, match="KEY one of k, forget, min, state"):
-        make_predictor("learned:q=1", max_len=10)
+    with pytest.raises(ValueError, match="KEY one of k, forget, min, q, state"):
+        make_predictor("learned:quantile=0.8", max_len=10)
     with pytest.raises(ValueError, match="k needs a int"):
         make_predictor("learned:k=x", max_len=10)
     with pytest.raises(SettingsError, match=r"custom\.predictor='learned:forget=2'.*0 < F <= 1"):
@@ -307,3 +307,23 @@ def test_modes_variant_first_tokens_tell_the_length(tiny_modes_model_dir):
     # this setting over seeds 0-11: tau 0.41-0.57 (seed 0: 0.48), history 0.0; the default tiny model: 0.05-0.23
     assert ev.kendall_tau > ev.history_kendall_tau + 0.3
     assert ev.mae < ev.history_mae
+
+
+def test_a_higher_quantile_reserves_more_and_preempts_less_under_a_kv_budget():
+    """``learned:q=Q`` predicts the Q quantile of the remaining length (log-normal around the regression, spread
+    from its residuals): under a KV budget it reserves more per sample and fewer samples outgrow their reservation."""
+    train = [_token_trace(8, 16, seed, scale=2) for seed in range(5)]
+    test = _token_trace(6, 16, 50, scale=2)
+    runs = {}
+    for q in (0.5, 0.9):
+        p = make_predictor(f"learned:k=8,q={q}", max_len=200)
+        assert p.quantile == q
+        for rollout in train:
+            simulate(rollout, "infinite", KVBudget(1200), p, max_len=200)
+        runs[q] = simulate(test, "infinite", KVBudget(1200), p, max_len=200)
+        assert 0.2 < p._sigma[1] < 2.0  # the residuals' spread, in log tokens, was estimated
+    print({q: (r.decode_steps, r.preemptions) for q, r in runs.items()})
+    assert runs[0.9].preemptions < runs[0.5].preemptions / 2
+    assert runs[0.9].peak_kv_tokens <= 1200
+    with pytest.raises(ValueError, match="0 < Q < 1"):
+        make_predictor("learned:q=1", max_len=200)

@@ -26,7 +26,7 @@ class InfiniteRolloutSettings:
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
-    predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,state=PATH] (online, token-conditioned)
+    predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned)
     fptas_eps: float = 0.02
     block_size: int = 16  # tokens per KV block of the transformers engine's paged store (vllm: its own block size)
     dtype: str = "float32"  # the transformers engine's model dtype (vllm takes verl's rollout.dtype, as verl's server)

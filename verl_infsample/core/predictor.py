@@ -120,7 +120,7 @@ def make_predictor(spec: str, *, seed: int = 0, max_len: int) -> LengthPredictor
     name, _, arg = spec.partition(":")
     if name not in PREDICTORS:
         raise ValueError(f"unknown predictor {spec!r}; choose one of: oracle, noisy:SIGMA, none, history, "
-                         "learned[:k=K,forget=F,min=N,state=PATH]")
+                         "learned[:k=K,forget=F,min=N,q=Q,state=PATH]")
     if arg and name not in _TAKE_ARGS:
         raise ValueError(f"predictor {name!r} takes no argument, got {spec!r}")
     return PREDICTORS[name](arg, seed, max_len)

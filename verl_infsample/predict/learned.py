@@ -19,7 +19,8 @@ they stand now (two time scales: the drift moves at once, the regressors catch u
 Until a checkpoint has seen ``min_samples`` samples its predictions come from the core's ``history`` predictor.
 ``save``/``load`` (or ``state=PATH`` in the spec) carry the state across training steps and restarts.
 
-Spec: ``learned[:k=K][,forget=F][,min=N][,state=PATH]``, e.g. ``learned:k=8`` or ``learned:state=/ckpt/len.npz``.
+Spec: ``learned[:k=K][,forget=F][,min=N][,q=Q][,state=PATH]``, e.g. ``learned:k=8``, ``learned:q=0.8`` (predict the
+80% quantile: reserves more KV under a KV budget) or ``learned:state=/ckpt/len.npz``.
 
 The ridge systems are solved by warm-started conjugate gradients (matrix-vector products only): LAPACK's solve
 spins up BLAS threads, which on a loaded machine cost milliseconds for a 100 x 100 system.
@@ -31,6 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
@@ -73,16 +75,21 @@ class LearnedPredictor:
     name = "learned"
 
     def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.998, ridge: float = 2.0,
-                 prompt_ridge: float = 10.0, min_samples: int = 32, refit_every: int = 16,
+                 prompt_ridge: float = 10.0, min_samples: int = 32, refit_every: int = 16, quantile: float = 0.5,
                  state_path: str | Path | None = None):
         """``ridge``: the token checkpoints' penalty (many distinct samples); ``prompt_ridge``: k = 0's, where a batch
-        has few distinct prompts and their hashed n-grams overfit without a stronger one."""
+        has few distinct prompts and their hashed n-grams overfit without a stronger one. ``quantile``: which
+        quantile of the remaining length to predict (log-normal around the regression, its spread the residuals'):
+        0.5 the median; higher reserves more KV per sample under a KV budget, so fewer samples outgrow it."""
+        if not 0 < quantile < 1:
+            raise ValueError(f"predictor 'learned:q=Q' needs 0 < Q < 1, got {quantile}")
         if not 0 < forget <= 1:
             raise ValueError(f"predictor 'learned:forget=F' needs 0 < F <= 1, got {forget}")
         if min_samples < 1:
             raise ValueError(f"predictor 'learned:min=N' needs N >= 1, got {min_samples}")
         self.max_len, self.k, self.forget, self.ridge = max_len, k, forget, ridge
         self.prompt_ridge = prompt_ridge
+        self.quantile, self._z = quantile, NormalDist().inv_cdf(quantile)
         self.min_samples, self.refit_every = min_samples, refit_every
         self.checkpoints = checkpoints_up_to(k)
         self.token_checkpoints = frozenset(self.checkpoints[1:])  # where engines report a sample's tokens
@@ -92,6 +99,8 @@ class LearnedPredictor:
         # regressor is next solved: an observation costs a list append, not an outer product
         self._A = np.zeros((c, DIM, DIM))
         self._b = np.zeros((c, DIM))
+        self._yy = np.zeros((c, 2))  # decayed sum of y^2 and decayed count: the residuals' spread
+        self._sigma = np.zeros(c)  # std of log remaining length around each regressor (at its last solve)
         self._rows: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(c)]
         self._seen = np.zeros(c, dtype=np.int64)  # samples each checkpoint has learned from (no decay)
         self._w = np.zeros((c, DIM))
@@ -208,6 +217,7 @@ class LearnedPredictor:
         Xw = X * weights[:, None]
         self._A[ci] = decay * self._A[ci] + Xw.T @ X
         self._b[ci] = decay * self._b[ci] + Xw.T @ y
+        self._yy[ci] = decay * self._yy[ci] + (float(weights @ (y * y)), float(weights.sum()))
         self._batch_x[ci] += X.sum(axis=0)
         self._batch_y[ci] += (float(y.sum()), float(len(rows)))
 
@@ -253,7 +263,8 @@ class LearnedPredictor:
             return None
         if len(self._rows[ci]) >= self.refit_every or not self._solved[ci]:
             self._solve(ci)
-        y = min(max(float(self._w[ci] @ x) + self._drift[ci], 0.0), math.log(self.max_len))
+        y = float(self._w[ci] @ x) + self._drift[ci] + self._z * self._sigma[ci]
+        y = min(max(y, 0.0), math.log(self.max_len))
         return self.checkpoints[ci] + math.exp(y)
 
     def _solve(self, ci: int, iterations: int = 3 * DIM, tol: float = 1e-14) -> None:
@@ -274,6 +285,9 @@ class LearnedPredictor:
             rr, rr_old = float(r @ r), rr
             p = r + (rr / rr_old) * p
         self._w[ci], self._solved[ci] = w, True
+        yy, n = self._yy[ci]
+        if n > 0:  # mean squared residual: (sum y^2 - 2 w.X^T y + w.X^T X w) / n
+            self._sigma[ci] = math.sqrt(max(0.0, (yy - 2 * float(w @ b) + float(w @ (A @ w))) / n))
 
     def refit(self) -> None:
         """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
@@ -309,7 +323,7 @@ class LearnedPredictor:
         for ci in range(len(self.checkpoints)):
             self._fold(ci)
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, A=self._A, b=self._b, seen=self._seen,
+        np.savez(tmp, A=self._A, b=self._b, seen=self._seen, yy=self._yy,
                  drift=self._drift, batch_x=self._batch_x, batch_y=self._batch_y, meta=np.array(json.dumps(meta)))
         tmp.replace(path)
         self._saved_at = self.observed
@@ -320,7 +334,7 @@ class LearnedPredictor:
         try:
             with np.load(path) as z:
                 meta = json.loads(str(z["meta"]))
-                A, b, seen = z["A"], z["b"], z["seen"]
+                A, b, seen, yy = z["A"], z["b"], z["seen"], z["yy"]
                 drift, batch_x, batch_y = z["drift"], z["batch_x"], z["batch_y"]
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"predictor state {path}: cannot read it ({e}); delete it to start fresh") from None
@@ -330,7 +344,8 @@ class LearnedPredictor:
         if tuple(meta["checkpoints"]) != self.checkpoints:
             raise ValueError(f"predictor state {path}: learned at checkpoints {meta['checkpoints']}, this predictor "
                              f"uses {list(self.checkpoints)} (k={self.k}); use the same k or delete the file")
-        self._A, self._b, self._seen = A.copy(), b.copy(), seen.copy()
+        self._A, self._b, self._seen, self._yy = A.copy(), b.copy(), seen.copy(), yy.copy()
+        self._sigma = np.zeros(len(self.checkpoints))
         self._drift, self._batch_x, self._batch_y = drift.copy(), batch_x.copy(), batch_y.copy()
         self._rows = [[] for _ in self.checkpoints]
         self._w = np.zeros_like(self._b)
@@ -345,14 +360,15 @@ class LearnedPredictor:
 
 
 def parse_learned_spec(arg: str, max_len: int) -> LearnedPredictor:
-    """``k=8,forget=0.99,min=32,state=PATH`` (any subset, any order) -> a ``LearnedPredictor``."""
+    """``k=8,forget=0.99,min=32,q=0.8,state=PATH`` (any subset, any order) -> a ``LearnedPredictor``."""
     options: dict = {}
-    names = {"k": ("k", int), "forget": ("forget", float), "min": ("min_samples", int), "state": ("state_path", str)}
+    names = {"k": ("k", int), "forget": ("forget", float), "min": ("min_samples", int), "q": ("quantile", float),
+             "state": ("state_path", str)}
     for item in filter(None, (a.strip() for a in arg.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in names:
             raise ValueError(f"predictor 'learned:{arg}': cannot read {item!r}; expected KEY=VALUE with KEY one of "
-                             "k, forget, min, state (e.g. learned:k=8,state=/tmp/lengths.npz)")
+                             "k, forget, min, q, state (e.g. learned:k=8,state=/tmp/lengths.npz)")
         option, kind = names[key]
         try:
             options[option] = kind(value)
