@@ -128,6 +128,30 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
     assert not engine.asleep
 
 
+def test_server_sleep_after_release_kv_cache_frees_the_weights_too(tiny_model_dir):
+    """verl may release the KV (release_kv_cache) and later put the replica to sleep: vLLM sleeps only from an engine
+    fully awake, so the server wakes the KV, sleeps, and both stay freed until the next wake_up or request."""
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
+                      "actor_rollout_ref.rollout.custom.batch_window_ms=0").actor_rollout_ref.rollout
+    server = InfiniteServer(rollout, {"path": tiny_model_dir})
+    engine = server.engine = _SleepModeEngineFake(server.engine)
+
+    async def scenario():
+        await server.release_kv_cache()
+        await server.sleep()
+        asleep = set(engine.asleep)
+        await server.sleep()  # nothing more to free
+        await server.wake_up()
+        return asleep
+
+    assert asyncio.run(scenario()) == {"weights", "kv_cache"}
+    assert engine.calls == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("sleep", 1),
+                            ("wake_up", ("kv_cache", "weights"))]
+    assert not engine.asleep
+
+
 def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={CONFIGS}", "--config-name=infinite_grpo",

@@ -90,16 +90,16 @@ def _summary(r, wall: float, peak_mem) -> dict:
             "cached_prompt_tokens": v.cached_prompt_tokens, "computed_tokens": v.computed_tokens}
 
 
-def _sleep_check(engine, prompts, stop_ids, seed: int, torch, device: str) -> dict:
+def _sleep_check(engine, prompts, stop_ids, seed: int, torch) -> dict:
     """verl's sleep / wake_up between rollouts (level 1: weights to host memory, KV dropped): the device memory it
     frees, and the same tokens after waking. Where the platform has no sleep mode (CPU) it only records that."""
     from .engines.sampling import SamplingParams
 
-    params = SamplingParams(max_new_tokens=16, stop_token_ids=stop_ids, seed=seed + 3)
-    before = [o.token_ids for g in engine.rollout_plain(prompts[:2], 2, params).outputs for o in g]
     report: dict = {"enabled": engine.enable_sleep_mode}
     if not engine.enable_sleep_mode:
         return report
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=stop_ids, seed=seed + 3)
+    before = [o.token_ids for g in engine.rollout_plain(prompts[:2], 2, params).outputs for o in g]
 
     def used() -> int:
         torch.cuda.synchronize()
@@ -173,7 +173,7 @@ def run(a: argparse.Namespace) -> dict:
         row["steps_ratio_infinite_vs_verl"] = round(ours.vllm.engine_steps / max(1, plain.vllm.engine_steps), 3)
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    sleep = _sleep_check(engine, prompts, stop_ids, a.seed, torch, device)
+    sleep = _sleep_check(engine, prompts, stop_ids, a.seed, torch)
     print(json.dumps({"sleep": sleep}), file=sys.stderr, flush=True)
     return {
         "date": dt.date.today().isoformat(), "dry_run": a.dry_run, "sleep": sleep,

@@ -15,9 +15,10 @@ The scheduler knows nothing of tokens, tensors or models; engines keep those in 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from .capacity import Capacity, KVBudget
 from .policies import Policy
@@ -44,7 +45,10 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, groups: list[Group], policy: Policy, capacity: Capacity, predictor: LengthPredictor,
-                 max_len: int, true_lengths: list[list[int]] | None = None):
+                 max_len: int, true_lengths: list[list[int]] | None = None,
+                 prompt_tokens: list[Sequence[int] | None] | None = None):
+        """``prompt_tokens``: each group's prompt ids where the engine has them, for a predictor that reads prompts
+        (its ``observe_prompt`` hook, called before the plan)."""
         if max_len < 1:
             raise ValueError(f"max_len (response length) must be >= 1, got {max_len}")
         self.groups, self.policy, self.capacity, self.predictor = groups, policy, capacity, predictor
@@ -79,6 +83,10 @@ class Scheduler:
         self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
                                   if self.refines_predictions else frozenset())
         self._group_first = np.cumsum([0] + [g.size for g in groups]).tolist()  # uid of each group's first sample
+        if prompt_tokens is not None and hasattr(predictor, "observe_prompt"):
+            for g, tokens in zip(groups, prompt_tokens):
+                if tokens is not None:
+                    predictor.observe_prompt(g.prompt_id, [int(t) for t in tokens])
         if hasattr(predictor, "start_batch"):
             predictor.start_batch(groups)
         self._plan()
@@ -87,8 +95,7 @@ class Scheduler:
     def _plan(self) -> None:
         t0 = time.perf_counter()
         for s in self.samples:
-            s.predicted_len = (float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
-                               if self.policy.uses_predictor else float(self.max_len))
+            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self.max_len)
         t1 = time.perf_counter()
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
@@ -109,9 +116,12 @@ class Scheduler:
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
 
+    def _predicted_len(self, s: Sample) -> float:
+        return float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+
     def _repredict(self, samples: list[Sample]) -> None:
         for s in samples:
-            s.predicted_len = float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+            s.predicted_len = self._predicted_len(s)
         if samples:
             self.policy.predictions_changed([s for s in samples if s.state is SampleState.WAITING])
 
@@ -182,7 +192,7 @@ class Scheduler:
                 self.kv_tokens += s.generated
             if self.refines_predictions and not self._refresh_waiting_eagerly and self._finished:
                 t0 = time.perf_counter()
-                s.predicted_len = float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+                s.predicted_len = self._predicted_len(s)
                 self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
             s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
             self._group_running[s.group] += 1

