@@ -90,6 +90,20 @@ class KVBudget:
         """Would the next decode step (one token per running sample) exceed the budget?"""
         return ledger.kv_tokens + ledger.num_running + self.slack(ledger.holders()) > self.tokens
 
+    @property
+    def limit(self) -> int:
+        """The budget in the unit ``footprint`` counts (tokens here, blocks for ``PagedKVBudget``)."""
+        return self.tokens
+
+    def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
+        """What a fresh sample holds at each of its ``steps`` decode steps (its own KV, last block's slack included),
+        as ``admits`` projects it; the skyline plan packs these (``core/skyline.py``)."""
+        return np.arange(1, steps + 1) + (self.block_size - 1)
+
+    def prompt_footprint(self, prompt_len: int) -> int:
+        """What a group's prompt holds while any of its samples runs."""
+        return prompt_len + (self.block_size - 1)
+
     def lanes(self, mean_footprint: float) -> int:
         """How many samples of average (predicted) footprint fit at once: the plan's lane count."""
         lanes = max(1, int(self.tokens // max(1.0, mean_footprint)))
@@ -131,6 +145,16 @@ class PagedKVBudget(KVBudget):
     def sample_blocks(self, prompt_len: int, tokens_before_step: int) -> int:
         """Blocks of its own a sample holds in the step that decodes its next token."""
         return math.ceil((self.tail(prompt_len) + tokens_before_step) / self.block_size)
+
+    @property
+    def limit(self) -> int:
+        return self.blocks
+
+    def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
+        return -(-(self.tail(prompt_len) + np.arange(steps)) // self.block_size)
+
+    def prompt_footprint(self, prompt_len: int) -> int:
+        return self.shared_blocks(prompt_len)
 
     def check_fits(self, prompt_len: int, max_len: int) -> None:
         need = self.shared_blocks(prompt_len) + self.sample_blocks(prompt_len, max_len - 1)

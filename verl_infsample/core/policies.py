@@ -10,9 +10,11 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
 ``continuous`` a freed slot is refilled at once, first come first served, across groups
 ``lpt``        continuous refill, longest predicted sample first (a strong makespan heuristic)
 ``infinite``   with M slots: the global FPTAS plan over predicted lengths (see ``fptas``), admitted in
-               planned start order. Under a KV budget, where each group in flight holds its prompt:
-               groups kept together, longest first. Either way, when the next planned sample does not
-               fit the free KV, the shortest waiting sample that does fit goes first (SJF refill)
+               planned start order. Under a KV budget: the memory-skyline plan (see ``skyline``), each
+               sample at its planned step, keeping the planned gaps; a sample that ends before the next
+               planned start may go first (backfill). Batches too big for the skyline: groups kept
+               together, longest first, and when the next sample does not fit the free KV, the shortest
+               waiting sample that does goes first (SJF refill)
 ``oracle``     ``infinite`` with the true lengths: what a perfect predictor would buy
 =============  ==========================================================================================
 """
@@ -28,6 +30,7 @@ import numpy as np
 
 from .fptas import fptas_schedule
 from .sample import Sample, SampleState
+from .skyline import Footprints, plan_skyline
 
 Fits = Callable[[Sample], bool]
 
@@ -38,18 +41,22 @@ class Policy:
     ignores_capacity = False
     forced_predictor: str | None = None
 
-    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
+    def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         """Called once with every sample of the batch, in (group, index) order.
 
         ``lanes``: how many samples decode at once (M, or what a KV budget holds on average).
-        ``prompts_cost_memory``: True under a KV budget, where every group in flight holds its prompt's KV.
+        ``memory``: the KV budget when memory, not a slot count, binds (every group in flight holds its prompt).
         """
         self.queue = deque(samples)
 
-    def select(self, fits: Fits) -> Sample | None:
-        """The sample to admit now, or None to admit nothing more until something retires."""
+    def select(self, fits: Fits, now: int) -> Sample | None:
+        """The sample to admit at decode step ``now``, or None to admit nothing more for now."""
         if self.queue and fits(self.queue[0]):
             return self.queue.popleft()
+        return None
+
+    def wake_at(self, now: int) -> int | None:
+        """A later step at which ``select`` may admit even if nothing retires before (a planned start), or None."""
         return None
 
     def on_retire(self, sample: Sample) -> None:
@@ -75,7 +82,7 @@ class LongestPredictedFirstPolicy(Policy):
     name = "lpt"
     uses_predictor = True
 
-    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
+    def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         self.queue = deque(sorted(samples, key=lambda s: (-s.predicted_len, s.uid)))
 
 
@@ -91,7 +98,7 @@ class MicroGroupPolicy(Policy):
         self.round_open = True
         self.round_group = -1
 
-    def select(self, fits: Fits) -> Sample | None:
+    def select(self, fits: Fits, now: int) -> Sample | None:
         if not self.round_open:
             if self.in_flight:
                 return None
@@ -126,7 +133,9 @@ class FullGroupPolicy(MicroGroupPolicy):
 
 
 class InfiniteSamplingPolicy(Policy):
-    """Global FPTAS plan, planned-order admission, shortest-job-first refill of what the plan's head cannot use."""
+    """Global plan (FPTAS over M slots; memory skyline under a KV budget), planned-order admission, then refill as
+    predictions meet reality: SJF refill of what the planned head cannot use, or, with a skyline plan, backfill of
+    samples that end before the head's planned start."""
 
     name = "infinite"
     uses_predictor = True
@@ -135,20 +144,41 @@ class InfiniteSamplingPolicy(Policy):
         self.fptas_eps = fptas_eps
         self._info: dict = {}
 
-    def plan(self, samples: list[Sample], lanes: int, prompts_cost_memory: bool = False) -> None:
-        """Groups one after another (each group in flight holds its prompt's KV, so few should be open at once),
-        longest predicted group first, samples longest first within a group. The last group forms the tail, where
-        the lanes must end together: its samples follow the FPTAS plan's start order (with one group, B=1 as in the
-        paper, that is the whole plan). Under a KV budget, longest first throughout (it packs the budget)."""
+    def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
+        """Under M slots: groups one after another (each group in flight holds its prompt's KV, so few should be
+        open at once), longest predicted group first, samples longest first within a group. The last group forms
+        the tail, where the lanes must end together: its samples follow the FPTAS plan's start order (with one
+        group, B=1 as in the paper, that is the whole plan). Under a KV budget: the skyline plan, or for batches
+        too big for it, longest first throughout, groups kept together (it packs the budget)."""
+        self._tiebreak = itertools.count()
+        self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
+        heapq.heapify(self._shortest)
+        self._start: dict[int, int] | None = None
+        predicted = np.array([s.predicted_len for s in samples], dtype=float)
+        if memory is not None:
+            sky = plan_skyline(predicted, np.array([s.prompt_len for s in samples]),
+                               np.array([s.group for s in samples]), memory)
+            if sky is not None:
+                self._start = {s.uid: int(t) for s, t in zip(samples, sky.start)}
+                self._anchor = (0, 0)  # (planned step, real step) of the latest planned admission
+                ends = sky.start + np.maximum(1, np.ceil(predicted - 1e-9)).astype(np.int64)
+                self._planned_running = np.zeros(int(ends.max()) + 1, dtype=np.int64)  # samples in flight per step
+                np.add.at(self._planned_running, sky.start, 1)
+                np.add.at(self._planned_running, ends, -1)
+                self._planned_running = np.cumsum(self._planned_running)
+                self._in_flight = 0
+                self.queue = deque(sorted(samples, key=lambda s: (self._start[s.uid], -s.predicted_len, s.uid)))
+                self._info = {"plan_method": "skyline", "plan_lanes": lanes, "planned_steps": sky.makespan,
+                              "plan_pacing": sky.pacing, "plan_paced_quantile": sky.quantile}
+                return
         by_group: dict[int, list[int]] = {}
         for i, s in enumerate(samples):
             by_group.setdefault(s.group, []).append(i)
-        predicted = np.array([s.predicted_len for s in samples], dtype=float)
         group_order = sorted(by_group, key=lambda g: (-predicted[by_group[g]].max(), g))
         order, methods, worst = [], set(), 0.0
         for g in group_order:
             members = np.array(by_group[g])
-            if prompts_cost_memory or g != group_order[-1]:
+            if memory is not None or g != group_order[-1]:
                 order.extend(members[np.argsort(-predicted[members], kind="stable")])
                 continue
             schedule = fptas_schedule(predicted[members], min(lanes, len(members)), self.fptas_eps)
@@ -158,30 +188,72 @@ class InfiniteSamplingPolicy(Policy):
         self._info = {"plan_method": "group-major" + (f"+{'/'.join(sorted(methods))}" if methods else ""),
                       "plan_lanes": lanes, **({"plan_eps_guaranteed": worst} if methods else {})}
         self.queue = deque(samples[i] for i in order)
-        self._tiebreak = itertools.count()
-        self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
-        heapq.heapify(self._shortest)
 
-    def select(self, fits: Fits) -> Sample | None:
+    def _head(self) -> Sample | None:
         while self.queue and self.queue[0].state is not SampleState.WAITING:
-            self.queue.popleft()  # already admitted out of order by the SJF refill
-        if not self.queue:
-            return None
-        if fits(self.queue[0]):
-            return self.queue.popleft()
+            self.queue.popleft()  # already admitted out of order by a refill
+        return self.queue[0] if self.queue else None
+
+    def _gate(self, s: Sample) -> int:
+        """The real step at which ``s`` may start: its planned gap after the latest planned admission."""
+        planned, real = self._anchor
+        return real + self._start[s.uid] - planned
+
+    def _shortest_waiting(self) -> Sample | None:
         while self._shortest and (self._shortest[0][-1].state is not SampleState.WAITING
                                   or self._shortest[0][0] != self._shortest[0][-1].predicted_len):
             heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
-        if self._shortest and fits(self._shortest[0][-1]):
-            return heapq.heappop(self._shortest)[-1]
-        return None
+        return self._shortest[0][-1] if self._shortest else None
+
+    def _off_plan(self, now: int) -> int:
+        """-1: fewer samples run than the plan has running at this point of it (some ended before their predicted
+        length), 1: more (some outran theirs), 0: on plan (with exact lengths, always)."""
+        planned, real = self._anchor
+        expected = self._planned_running[min(planned + now - real, len(self._planned_running) - 1)]
+        return int(np.sign(self._in_flight - expected))
+
+    def select(self, fits: Fits, now: int) -> Sample | None:
+        head = self._head()
+        if head is None:
+            return None
+        gate = None
+        if self._start is not None and self._off_plan(now) == 0:
+            gate = self._gate(head)  # on plan: planned starts keep their gaps. Ahead of it (samples ended early)
+            # the next start comes forward; behind it (samples outran their predictions) the plan's timing no
+            # longer holds: either way, admit what fits
+        if (gate is None or now >= gate) and fits(head):
+            if self._start is not None:
+                self._anchor = (self._start[head.uid], now)
+                self._in_flight += 1
+            return self.queue.popleft()
+        s = self._shortest_waiting()
+        if s is None or not fits(s):
+            return None
+        if gate is not None and now + s.remaining_predicted() > gate:
+            return None  # it would still hold KV the head's plan counts on
+        if self._start is not None:
+            self._in_flight += 1
+        return heapq.heappop(self._shortest)[-1]
+
+    def on_retire(self, sample: Sample) -> None:
+        if self._start is not None:
+            self._in_flight -= 1
+
+    def wake_at(self, now: int) -> int | None:
+        head = self._head()
+        if self._start is None or head is None:
+            return None
+        gate = self._gate(head)
+        return gate if gate > now else None
 
     def requeue(self, sample: Sample) -> None:
         super().requeue(sample)
         heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
+        if self._start is not None:
+            self._in_flight -= 1
 
     def predictions_changed(self, waiting: list[Sample]) -> None:
-        """SJF refill follows the new predictions (an outdated heap entry is skipped when it surfaces)."""
+        """Refills follow the new predictions (an outdated heap entry is skipped when it surfaces)."""
         for s in waiting:
             heapq.heappush(self._shortest, (s.predicted_len, s.uid, next(self._tiebreak), s))
 

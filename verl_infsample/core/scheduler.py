@@ -100,7 +100,7 @@ class Scheduler:
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
         self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint),
-                         prompts_cost_memory=isinstance(self.capacity, KVBudget))
+                         memory=self.capacity if isinstance(self.capacity, KVBudget) else None)
         self.stats.predict_ms = (t1 - t0) * 1e3
         self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
 
@@ -179,7 +179,7 @@ class Scheduler:
     def admit(self) -> list[Sample]:
         fits = (lambda s: True) if self.policy.ignores_capacity else (lambda s: self.capacity.admits(s, self))
         admitted = []
-        while (s := self.policy.select(fits)) is not None:
+        while (s := self.policy.select(fits, self.stats.decode_steps)) is not None:
             if s.state is not SampleState.WAITING:
                 raise RuntimeError(f"policy {self.policy.name!r} admitted sample {s.key} in state {s.state.value}")
             if not self._group_open[s.group]:

@@ -1,7 +1,8 @@
 """A step-exact simulator: replays known response lengths through the real scheduler.
 
-It jumps from one event to the next (a sample finishing, or the KV budget filling up), which is exact because
-nothing can be admitted between two retirements: capacity only frees when a sample retires.
+It jumps from one event to the next (a sample finishing, the KV budget filling up, or a planned start the policy
+waits for), which is exact because otherwise nothing can be admitted between two retirements: capacity frees
+when a sample retires.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class SimulatedEngine:
         steps = min(s.true_len - s.generated for s in running)
         if isinstance(sched.capacity, KVBudget) and not sched.policy.ignores_capacity:
             steps = min(steps, max(1, (sched.capacity.tokens - sched.kv_tokens) // len(running)))
+        wake = sched.policy.wake_at(sched.stats.decode_steps)
+        if wake is not None:  # a planned start comes before the next retirement
+            steps = min(steps, wake - sched.stats.decode_steps)
         finished = [s for s in running if s.generated + steps >= s.true_len]
         return finished, steps
 

@@ -1,0 +1,195 @@
+"""The plan under a KV budget: each sample's KV over time, packed into the budget (a memory skyline).
+
+Why not admit whatever fits, longest first? A sample's KV grows by one token per step and peaks at its last step.
+Samples of equal length admitted together peak together, so the budget must hold all their peaks at once; when
+they end, the next ones again start together (lockstep). Staggered, the same samples are at different ages at any
+moment and the budget holds many more of them: with vLLM's 19 blocks of 32 and 96-token answers, 4 run in
+lockstep but 7 staggered. So the plan is a time schedule, not an order:
+
+* **footprint**: what a sample holds at each of its steps, as the capacity charges it (``KVBudget.footprint``:
+  tokens, or vLLM's blocks); a group's prompt is held while any of its samples runs.
+* **placement**: samples longest predicted first (or, with several groups, also tried group after group, longest
+  group first, as each group in flight holds its prompt), each at the earliest step where its footprint fits under the
+  budget on top of everything placed so far (first fit over time). *Paced* samples (the longest ones) start no
+  sooner than ``pacing`` x (area of the previous paced sample / budget) after it: the rate at which the budget
+  can absorb them, which staggers their peaks; the shorter samples then fill the gaps.
+* **search**: a few pacings (and none) are tried, each followed by compaction (latest-ending first, each sample
+  moves to its earliest fit, until nothing moves), and the shortest planned makespan wins; a plan that reaches
+  the lower bound (longest sample, or total area / budget) ends the search. The plan never exceeds the budget, so with
+  exact lengths running it admits every sample at its planned step without a preemption.
+
+At run time (``InfiniteSamplingPolicy``) samples start in planned order, keeping the planned gaps between starts;
+a sample that ends before the next planned start may go first (backfill), as predictions meet reality.
+
+Cost: each placement scans candidate starts (pruned by a few necessary tests, then checked in vectorised
+windows), O(ticks scanned x sample ticks). Time is planned in ticks sized so that an average sample spans about
+``TICKS_PER_SAMPLE`` of them (1 step per tick for short answers), each tick charged the most its steps hold, so the
+plan stays within budget. The policy uses the skyline only below ``MAX_CELLS`` (samples x planned ticks), above it
+the group-major order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+MAX_CELLS = 150_000  # (samples + groups) x planned ticks above which the skyline is not attempted (about 1 s)
+PACINGS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 1.1), (0.6, 1.0), (0.6, 1.1), (0.6, 1.2),
+                                            (0.7, 1.1), (0.7, 1.2))
+"""(quantile of predicted length above which samples are paced, pacing factor); (0, 0): no pacing."""
+COMPACTION_ROUNDS = 3
+TICKS_PER_SAMPLE = 64  # time resolution: an average sample spans this many ticks (1 tick = 1 step for short ones)
+
+
+class Footprints(Protocol):
+    """What the plan needs of a capacity model (``KVBudget``, ``PagedKVBudget``)."""
+
+    limit: int
+
+    def footprint(self, prompt_len: int, steps: int) -> np.ndarray: ...
+
+    def prompt_footprint(self, prompt_len: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class SkylinePlan:
+    start: np.ndarray  # planned start step of each job, in the order given
+    makespan: int
+    quantile: float
+    pacing: float
+
+
+class MemorySkyline:
+    """Planned use per future step. A group's prompt is charged on the steps where at least one of its samples is
+    placed (``held`` counts them)."""
+
+    WINDOW = 16  # candidate starts tested per vectorised pass
+
+    def __init__(self, limit: int, horizon: int, groups: int):
+        self.limit = limit
+        self.use = np.zeros(max(1, horizon), dtype=np.int64)
+        self.held = np.zeros((groups, max(1, horizon)), dtype=np.int32)
+        self.end = 0  # one past the last step with anything placed
+
+    def _grow(self, size: int) -> None:
+        if size > len(self.use):
+            size = max(size, 2 * len(self.use))
+            self.use = np.pad(self.use, (0, size - len(self.use)))
+            self.held = np.pad(self.held, ((0, 0), (0, size - self.held.shape[1])))
+
+    def earliest_fit(self, footprint: np.ndarray, prompt: int, group: int, not_before: int = 0) -> int:
+        """The first step >= ``not_before`` where the footprint (and the prompt, where its group is not held) fits."""
+        n, t = len(footprint), max(0, not_before)
+        if t >= self.end:
+            return t
+        self._grow(self.end + n)
+        # necessary: no step of the span is fuller than limit - footprint[0] (the footprint never shrinks) ...
+        full = np.concatenate(([0], np.cumsum(self.use[t:self.end + n - 1] > self.limit - footprint[0])))
+        clear = np.flatnonzero(full[n:] == full[:-n])  # offsets whose whole span passes that test
+        for k in range(n - 1, 0, -max(1, n // 16)):  # ... and a few of its steps fit (cheap, prunes most)
+            clear = clear[self.use[t + clear + k] + footprint[k] <= self.limit]
+        for lo in range(0, len(clear), self.WINDOW):
+            starts = t + clear[lo:lo + self.WINDOW]
+            span = starts[:, None] + np.arange(n)
+            total = self.use[span] + footprint
+            if prompt:
+                total = total + prompt * (self.held[group, span] == 0)
+            ok = np.flatnonzero((total <= self.limit).all(axis=1))
+            if len(ok):
+                return int(starts[ok[0]])
+        return max(t, self.end)
+
+    def place(self, footprint: np.ndarray, prompt: int, group: int, start: int, sign: int = 1) -> None:
+        """Add (``sign=1``) or remove (-1) a sample's footprint starting at ``start``."""
+        n = len(footprint)
+        self._grow(start + n)
+        held = self.held[group, start:start + n]  # a view: updated in place
+        held += sign
+        toggled = held == (1 if sign > 0 else 0)  # steps where the group's prompt starts / stops being held
+        self.use[start:start + n] += sign * (footprint + prompt * toggled)
+        if sign > 0:
+            self.end = max(self.end, start + n)
+        else:
+            nz = np.flatnonzero(self.use[:self.end])
+            self.end = int(nz[-1]) + 1 if len(nz) else 0
+
+
+def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarray, memory: Footprints,
+                 pacings: tuple[tuple[float, float], ...] = PACINGS) -> SkylinePlan | None:
+    """Planned start steps for jobs of (predicted) ``lengths`` under ``memory``; None if the instance is too big
+    for the skyline (``MAX_CELLS``)."""
+    steps = np.maximum(1, np.ceil(lengths - 1e-9).astype(np.int64))
+    n_groups = int(groups.max()) + 1 if len(groups) else 0
+    tick = max(1, math.ceil(float(steps.mean()) / TICKS_PER_SAMPLE))  # plan in ticks of this many steps
+    if (len(steps) + n_groups) * math.ceil(int(steps.max()) / tick) > MAX_CELLS:  # horizon >= longest sample
+        return None
+    feet = [_in_ticks(memory.footprint(int(p), int(s)), tick) for p, s in zip(prompt_lens, steps)]
+    prompts = [memory.prompt_footprint(int(p)) for p in prompt_lens]
+    group_steps = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(group_steps, groups, steps)
+    group_prompt = np.zeros(n_groups, dtype=np.int64)
+    group_prompt[groups] = prompt_lens
+    area = sum(int(f.sum()) for f in feet) * tick + sum(
+        memory.prompt_footprint(int(p)) * int(s) for p, s in zip(group_prompt, group_steps))
+    bound = math.ceil(max(int(steps.max()), math.ceil(area / memory.limit)) / tick)  # no plan is shorter
+    horizon = int(bound * 1.5) + 1  # grows if needed
+    if (len(steps) + n_groups) * horizon > MAX_CELLS:
+        return None
+    steps = np.array([len(f) for f in feet])
+    longest_first = np.lexsort((np.arange(len(steps)), -steps))
+    group_longest = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(group_longest, groups, steps)
+    group_major = np.lexsort((np.arange(len(steps)), -steps, groups, -group_longest[groups]))
+
+    def build(quantile: float, pacing: float, order: np.ndarray = longest_first) -> tuple[MemorySkyline, np.ndarray]:
+        sky = MemorySkyline(memory.limit, horizon, n_groups)
+        start = np.zeros(len(steps), dtype=np.int64)
+        paced_from = np.quantile(steps, quantile) if pacing else np.inf
+        not_before = 0.0
+        for j in order.tolist():
+            paced = steps[j] >= paced_from
+            t = sky.earliest_fit(feet[j], prompts[j], groups[j], int(not_before) if paced else 0)
+            sky.place(feet[j], prompts[j], groups[j], t)
+            start[j] = t
+            if paced:
+                not_before = t + pacing * feet[j].sum() / memory.limit
+        return sky, start
+
+    def compact(sky: MemorySkyline, start: np.ndarray) -> None:
+        """Latest-ending first, each sample to its earliest fit, until nothing moves (at most a few rounds)."""
+        for _ in range(COMPACTION_ROUNDS):
+            moved = 0
+            for j in np.argsort(-(start + steps), kind="stable").tolist():
+                sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
+                t = min(int(start[j]), sky.earliest_fit(feet[j], prompts[j], groups[j]))
+                sky.place(feet[j], prompts[j], groups[j], t)
+                moved += t < start[j]
+                start[j] = t
+            if not moved:
+                return
+
+    best = None
+    candidates = [(q, p, longest_first) for q, p in pacings]
+    if n_groups > 1:  # groups one after another: each group in flight holds its prompt
+        candidates.append((0.0, 0.0, group_major))
+    for quantile, pacing, order in candidates:
+        sky, start = build(quantile, pacing, order)
+        if sky.end > bound:
+            compact(sky, start)
+        if best is None or sky.end < best[0].end:
+            best = (sky, start, quantile, pacing)
+        if sky.end <= bound:
+            break  # optimal: nothing to search for
+    sky, start, quantile, pacing = best
+    return SkylinePlan(start * tick, sky.end * tick, quantile, pacing)
+
+
+def _in_ticks(footprint: np.ndarray, tick: int) -> np.ndarray:
+    """A footprint per tick of ``tick`` steps: the most it holds within each (so the plan stays within budget)."""
+    if tick == 1:
+        return footprint
+    padded = np.pad(footprint, (0, -len(footprint) % tick), mode="edge")
+    return padded.reshape(-1, tick).max(axis=1)
