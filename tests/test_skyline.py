@@ -15,7 +15,7 @@ from verl_infsample.engines import simulate
 from verl_infsample.engines.simulated import SimulatedEngine
 from test_paged_kv_budget import TRACE
 
-BUDGETS = [KVBudget(400), KVBudget(600, block_size=8), PagedKVBudget(24, 16)]
+BUDGETS = [KVBudget(400), KVBudget(600, block_size=8), PagedKVBudget(24, 16), PagedKVBudget(40, 16, max_running=5)]
 
 
 def _use_per_step(start, steps, prompt_lens, groups, memory) -> np.ndarray:
@@ -43,6 +43,11 @@ def test_the_plan_never_exceeds_the_budget(memory, data):
     assert plan is not None
     use = _use_per_step(plan.start.tolist(), lengths, prompt_lens, groups, memory)
     assert use.max() <= memory.limit
+    if memory.max_running is not None:
+        running = np.zeros(len(use), dtype=int)
+        for s, n in zip(plan.start.tolist(), lengths):
+            running[s:s + n] += 1
+        assert running.max() <= memory.max_running
     assert plan.makespan >= len(use)  # the plan's own figure is never optimistic
 
 
@@ -69,10 +74,13 @@ def test_exact_lengths_follow_the_plan_step_for_step_without_preemption():
     assert sched.stats.decode_steps == policy.plan_info["planned_steps"]
 
 
-def test_staggering_beats_admitting_whatever_fits(monkeypatch):
+@pytest.mark.parametrize("blocks", [19, 39])
+def test_staggering_beats_admitting_whatever_fits(monkeypatch, blocks):
     """Longest-first admission as soon as a sample fits starts the 96-token answers together, so their peaks
-    coincide; the skyline staggers them. Same budget, same exact lengths, both without a preemption."""
-    budget = PagedKVBudget(19, 32, max_running=32)
+    coincide; the skyline staggers them. Same budget, same exact lengths, both without a preemption. (In 39 blocks
+    vLLM's max_num_seqs=32 binds too: the plan counts running samples.) vLLM measured 449 / 233 steps against 549 /
+    284 before, and plain submission 448 / 235 with 62 / 45 preemptions."""
+    budget = PagedKVBudget(blocks, 32, max_running=32)
     planned = simulate(TRACE, "oracle", budget, "oracle", max_len=96)
     monkeypatch.setattr(skyline, "MAX_CELLS", 0)  # the plan for batches too big for the skyline
     greedy = simulate(TRACE, "oracle", budget, "oracle", max_len=96)

@@ -48,6 +48,7 @@ class Footprints(Protocol):
     """What the plan needs of a capacity model (``KVBudget``, ``PagedKVBudget``)."""
 
     limit: int
+    max_running: int | None  # an engine's cap on samples decoding at once (vLLM's max_num_seqs), or None
 
     def footprint(self, prompt_len: int, steps: int) -> np.ndarray: ...
 
@@ -64,19 +65,22 @@ class SkylinePlan:
 
 class MemorySkyline:
     """Planned use per future step. A group's prompt is charged on the steps where at least one of its samples is
-    placed (``held`` counts them)."""
+    placed (``held`` counts them); ``running`` counts samples, for an engine that caps them (``max_running``)."""
 
     WINDOW = 16  # candidate starts tested per vectorised pass
 
-    def __init__(self, limit: int, horizon: int, groups: int):
+    def __init__(self, limit: int, horizon: int, groups: int, max_running: int | None = None):
         self.limit = limit
+        self.max_running = max_running if max_running is not None else np.iinfo(np.int32).max
         self.use = np.zeros(max(1, horizon), dtype=np.int64)
+        self.running = np.zeros(max(1, horizon), dtype=np.int32)
         self.held = np.zeros((groups, max(1, horizon)), dtype=np.int32)
         self.end = 0  # one past the last step with anything placed
 
     def _grow(self, size: int) -> None:
         if size > len(self.use):
             size = max(size, 2 * len(self.use))
+            self.running = np.pad(self.running, (0, size - len(self.use)))
             self.use = np.pad(self.use, (0, size - len(self.use)))
             self.held = np.pad(self.held, ((0, 0), (0, size - self.held.shape[1])))
 
@@ -86,8 +90,11 @@ class MemorySkyline:
         if t >= self.end:
             return t
         self._grow(self.end + n)
-        # necessary: no step of the span is fuller than limit - footprint[0] (the footprint never shrinks) ...
-        full = np.concatenate(([0], np.cumsum(self.use[t:self.end + n - 1] > self.limit - footprint[0])))
+        # necessary: no step of the span is fuller than limit - footprint[0] (the footprint never shrinks) or runs
+        # max_running samples already ...
+        window = slice(t, self.end + n - 1)
+        full = np.concatenate(([0], np.cumsum((self.use[window] > self.limit - footprint[0])
+                                              | (self.running[window] >= self.max_running))))
         clear = np.flatnonzero(full[n:] == full[:-n])  # offsets whose whole span passes that test
         for k in range(n - 1, 0, -max(1, n // 16)):  # ... and a few of its steps fit (cheap, prunes most)
             clear = clear[self.use[t + clear + k] + footprint[k] <= self.limit]
@@ -110,6 +117,7 @@ class MemorySkyline:
         held += sign
         toggled = held == (1 if sign > 0 else 0)  # steps where the group's prompt starts / stops being held
         self.use[start:start + n] += sign * (footprint + prompt * toggled)
+        self.running[start:start + n] += sign
         if sign > 0:
             self.end = max(self.end, start + n)
         else:
@@ -145,7 +153,7 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
     group_major = np.lexsort((np.arange(len(steps)), -steps, groups, -group_longest[groups]))
 
     def build(quantile: float, pacing: float, order: np.ndarray = longest_first) -> tuple[MemorySkyline, np.ndarray]:
-        sky = MemorySkyline(memory.limit, horizon, n_groups)
+        sky = MemorySkyline(memory.limit, horizon, n_groups, memory.max_running)
         start = np.zeros(len(steps), dtype=np.int64)
         paced_from = np.quantile(steps, quantile) if pacing else np.inf
         not_before = 0.0
