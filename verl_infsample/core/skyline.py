@@ -41,6 +41,7 @@ PACINGS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 1.1), (0.6, 1.0), 
                                             (0.7, 1.1), (0.7, 1.2))
 """(quantile of predicted length above which samples are paced, pacing factor); (0, 0): no pacing."""
 COMPACTION_ROUNDS = 3
+COMPACT_WITHIN = 1.1
 TICKS_PER_SAMPLE = 64  # time resolution: an average sample spans this many ticks (1 tick = 1 step for short ones)
 
 
@@ -96,8 +97,9 @@ class MemorySkyline:
         full = np.concatenate(([0], np.cumsum((self.use[window] > self.limit - footprint[0])
                                               | (self.running[window] >= self.max_running))))
         clear = np.flatnonzero(full[n:] == full[:-n])  # offsets whose whole span passes that test
-        for k in range(n - 1, 0, -max(1, n // 16)):  # ... and a few of its steps fit (cheap, prunes most)
-            clear = clear[self.use[t + clear + k] + footprint[k] <= self.limit]
+        probe = np.arange(n - 1, 0, -max(1, n // 16))[:16]  # ... and a few of its steps fit (cheap, prunes most)
+        if len(probe) and len(clear):
+            clear = clear[(self.use[t + clear[:, None] + probe] + footprint[probe] <= self.limit).all(axis=1)]
         for lo in range(0, len(clear), self.WINDOW):
             starts = t + clear[lo:lo + self.WINDOW]
             span = starts[:, None] + np.arange(n)
@@ -185,8 +187,8 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
         candidates.append((0.0, 0.0, group_major))
     for quantile, pacing, order in candidates:
         sky, start = build(quantile, pacing, order)
-        if sky.end > bound:
-            compact(sky, start)
+        if sky.end > bound and (best is None or sky.end < COMPACT_WITHIN * best[0].end):
+            compact(sky, start)  # (compaction gains a few percent: a plan far behind the best is not compacted)
         if best is None or sky.end < best[0].end:
             best = (sky, start, quantile, pacing)
         if sky.end <= bound:
