@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_infsample.core import KVBudget, PagedKVBudget, TracePrompt
+from verl_infsample.core import PagedKVBudget, TracePrompt
 from verl_infsample.core.sample import Group, Sample
 from verl_infsample.engines import simulate
 
@@ -75,10 +75,7 @@ def test_exact_predictions_fill_the_blocks_and_never_overflow(blocks):
     res = simulate(TRACE, "oracle", budget, "oracle", max_len=96)
     in_use, peaks = np.array(_RecordingPagedKVBudget.seen).T
     assert res.preemptions == 0 and in_use.max() <= blocks and peaks.max() == blocks  # the cache fills, exactly
-    # the token budget with per-holder block slack (what VLLMEngine used before) admits less into the same blocks
-    slack = simulate(TRACE, "oracle", KVBudget(blocks * 32, block_size=32 + 14), "oracle", max_len=96)
-    assert res.decode_steps < slack.decode_steps
-    print(f"{blocks} blocks: paged {res.decode_steps} steps, token budget with slack {slack.decode_steps}")
+    print(f"{blocks} blocks: paged {res.decode_steps} steps")
 
 
 def test_a_budget_that_holds_no_sample_says_so():

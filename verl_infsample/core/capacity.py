@@ -25,9 +25,7 @@ class Ledger(Protocol):
     kv_tokens: int
     running: list[Sample]
 
-    def projected_peak_tokens(self, extra: Sample | None = None) -> int: ...
-
-    def holders(self, extra: Sample | None = None) -> int: ...
+    def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -53,10 +51,11 @@ class SlotPool:
 
 @dataclass(frozen=True)
 class KVBudget:
-    """``block_size``: an engine that pages its KV in blocks holds up to block_size - 1 unused tokens in the last
-    block of every prompt and every sample; the budget charges that slack so the real allocation stays inside it.
-    ``max_running``: an engine that also caps how many sequences decode at once (vLLM's ``max_num_seqs``) sets it,
-    so the scheduler never admits a sample the engine would leave waiting."""
+    """``block_size``: an engine that pages its KV in blocks (the transformers engine's store) allocates whole
+    blocks: a prompt holds ceil(p / block) of them, a sample that feeds its k-th token ceil((k + 1) / block) at most;
+    the budget charges whole blocks, so the real allocation stays inside it. ``max_running``: an engine that also
+    caps how many sequences decode at once (vLLM's ``max_num_seqs``) sets it, so the scheduler never admits a sample
+    the engine would leave waiting."""
 
     tokens: int
     block_size: int = 1
@@ -70,12 +69,13 @@ class KVBudget:
         if self.max_running is not None and self.max_running < 1:
             raise ValueError(f"max_running must be >= 1 (or None: no cap), got {self.max_running}")
 
-    def slack(self, holders: int) -> int:
-        return (self.block_size - 1) * holders
+    def whole_blocks(self, tokens):
+        """``tokens`` rounded up to whole blocks (numbers or numpy arrays)."""
+        return -(-tokens // self.block_size) * self.block_size
 
     def check_fits(self, prompt_len: int, max_len: int) -> None:
         """A budget must hold at least one worst-case sample, or the rollout could never finish."""
-        need = prompt_len + max_len + self.slack(2)
+        need = self.whole_blocks(prompt_len) + self.whole_blocks(max_len)
         if need > self.tokens:
             raise ValueError(
                 f"kv_budget={self.tokens} tokens cannot hold one sample: the longest prompt ({prompt_len}) plus the "
@@ -84,11 +84,15 @@ class KVBudget:
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         if self.max_running is not None and ledger.num_running >= self.max_running:
             return False
-        return ledger.projected_peak_tokens(extra=sample) + self.slack(ledger.holders(extra=sample)) <= self.tokens
+        return ledger.projected_peak_tokens(extra=sample, block_size=self.block_size) <= self.tokens
 
     def overflows(self, ledger: Ledger) -> bool:
-        """Would the next decode step (one token per running sample) exceed the budget?"""
-        return ledger.kv_tokens + ledger.num_running + self.slack(ledger.holders()) > self.tokens
+        """Would the next decode step (one token per running sample) exceed the budget? (Under a budget a group
+        holds its prompt exactly while one of its samples runs.)"""
+        prompts = {s.group: s.prompt_len for s in ledger.running}
+        need = sum(self.whole_blocks(s.generated + 1) for s in ledger.running) + sum(
+            self.whole_blocks(p) for p in prompts.values())
+        return need > self.tokens
 
     @property
     def limit(self) -> int:
@@ -96,13 +100,13 @@ class KVBudget:
         return self.tokens
 
     def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
-        """What a fresh sample holds at each of its ``steps`` decode steps (its own KV, last block's slack included),
-        as ``admits`` projects it; the skyline plan packs these (``core/skyline.py``)."""
-        return np.arange(1, steps + 1) + (self.block_size - 1)
+        """What a fresh sample holds at each of its ``steps`` decode steps, as ``admits`` projects it; the skyline
+        plan packs these (``core/skyline.py``)."""
+        return self.whole_blocks(np.arange(1, steps + 1))
 
     def prompt_footprint(self, prompt_len: int) -> int:
         """What a group's prompt holds while any of its samples runs."""
-        return prompt_len + (self.block_size - 1)
+        return int(self.whole_blocks(prompt_len))
 
     def lanes(self, mean_footprint: float) -> int:
         """How many samples of average (predicted) footprint fit at once: the plan's lane count."""

@@ -130,14 +130,15 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def projected_peak_tokens(self, extra: Sample | None = None) -> int:
+    def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int:
         """Peak KV the running set (plus ``extra``) will reach if every sample ends at its predicted length.
 
         Usage grows by one token per running sample per step and drops when a sample (or a group's last sample)
         finishes, so the peak is reached just before some finish: at t = r, the samples with remaining >= r hold
         generated + r tokens each, plus the prompts of groups with a member still running. Admitting against this
         projection (not against the sum of final lengths) lets short samples use the memory long ones have not
-        grown into yet, and still never plans past the budget.
+        grown into yet, and still never plans past the budget. ``block_size``: each sample and each prompt is charged
+        in whole blocks of that many tokens (what a paged store allocates).
         """
         members = self.running if extra is None else [*self.running, extra]
         if not members:
@@ -146,7 +147,11 @@ class Scheduler:
         gen = np.array([s.generated for s in members], dtype=float)
         order = np.argsort(-rem, kind="stable")
         at = rem[order]  # candidate peak times, latest first
-        sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
+        if block_size == 1:
+            sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
+        else:  # a sample still running at candidate time at[j] (rem >= at[j]) holds whole blocks then
+            held = np.ceil((gen[order][:, None] + at[None, :]) / block_size) * block_size
+            sample_tokens = (held * (at[:, None] >= at[None, :])).sum(axis=0)
         # a prompt is held until its group's last running sample ends (or, when idle prompts are retained, beyond
         # the horizon while some of the group's samples still wait)
         group_end: dict[int, float] = {}
@@ -158,14 +163,10 @@ class Scheduler:
             held_on = self._retain_idle_prompts and waiting_after > 0
             group_end[s.group] = np.inf if held_on else max(group_end.get(s.group, 0.0), r)
         ends = np.array(sorted(group_end.values(), reverse=True))
-        prompts = np.cumsum([self.groups[g].prompt_len for g in sorted(group_end, key=group_end.get, reverse=True)])
+        prompts = np.cumsum([-(-self.groups[g].prompt_len // block_size) * block_size
+                             for g in sorted(group_end, key=group_end.get, reverse=True)])
         held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
         return int(np.max(sample_tokens + prompts[held - 1]))
-
-    def holders(self, extra: Sample | None = None) -> int:
-        """KV holders: running samples and open groups (each may waste part of its last KV block)."""
-        new_group = extra is not None and not self._group_open[extra.group]
-        return len(self.running) + (extra is not None) + self._open_groups + new_group
 
     def holds_prompt(self, group: int) -> bool:
         """Whether ``group``'s prompt KV is held now (engines free it when this turns False)."""

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
-MAX_CELLS = 150_000  # (samples + groups) x planned ticks above which the skyline is not attempted (about 1 s)
+MAX_CELLS = 1_000_000  # (samples + groups) x planned ticks above which the skyline is not attempted (about 1 s)
 PACINGS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 1.1), (0.6, 1.0), (0.6, 1.1), (0.6, 1.2),
                                             (0.7, 1.1), (0.7, 1.2))
 """(quantile of predicted length above which samples are paced, pacing factor); (0, 0): no pacing."""
