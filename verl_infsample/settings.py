@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .core.capacity import KVBudget
 from .core.policies import POLICIES
 from .core.predictor import make_predictor
 
@@ -53,6 +54,8 @@ class InfiniteRolloutSettings:
             raise bad("engine", f"unknown engine; choose one of: {', '.join(ENGINES)}")
         if self.policy not in POLICIES or self.policy == "oracle":
             raise bad("policy", f"unknown policy; choose one of: {', '.join(p for p in POLICIES if p != 'oracle')}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise bad("block_size", "must be an integer >= 1")
         if self.slots is not None and self.kv_budget is not None:
             raise bad("slots", "set either slots or kv_budget, not both")
         if self.slots is not None and (not isinstance(self.slots, int) or self.slots < 1):
@@ -61,11 +64,13 @@ class InfiniteRolloutSettings:
             if not isinstance(self.kv_budget, int) or self.kv_budget < 1:
                 raise bad("kv_budget", "must be an integer number of tokens >= 1")
             if prompt_length is not None and response_length is not None:
-                need = prompt_length + response_length + 2 * (self.block_size - 1)
+                budget = KVBudget(self.kv_budget, block_size=self.block_size)
+                need = budget.whole_blocks(prompt_length) + budget.whole_blocks(response_length)
                 if self.kv_budget < need:
                     raise bad("kv_budget", f"too small for one prompt plus one response: rollout.prompt_length "
-                                           f"({prompt_length}) + rollout.response_length ({response_length}) + block "
-                                           f"slack needs {need}; raise it or shorten the lengths")
+                                           f"({prompt_length}) + rollout.response_length ({response_length}) in "
+                                           f"whole KV blocks of {self.block_size} need {need}; raise it or shorten "
+                                           "the lengths")
         try:
             make_predictor(self.predictor, max_len=max(1, response_length or 1))
         except ValueError as e:
@@ -75,8 +80,6 @@ class InfiniteRolloutSettings:
                                    "or none")
         if not 0 < self.fptas_eps < 1:
             raise bad("fptas_eps", "must be in (0, 1)")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise bad("block_size", "must be an integer >= 1")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"choose one of: {', '.join(DTYPES)}")
         if self.batch_window_ms < 0:
