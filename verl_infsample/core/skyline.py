@@ -3,8 +3,9 @@
 Why not admit whatever fits, longest first? A sample's KV grows by one token per step and peaks at its last step.
 Samples of equal length admitted together peak together, so the budget must hold all their peaks at once; when
 they end, the next ones again start together (lockstep). Staggered, the same samples are at different ages at any
-moment and the budget holds many more of them: with vLLM's 19 blocks of 32 and 96-token answers, 4 run in
-lockstep but 7 staggered. So the plan is a time schedule, not an order:
+moment and the budget holds many more of them: with vLLM's 19 blocks of 32 and 96-token answers (a 14-token
+prompt), a sample holds 4 blocks at its peak but 2.4 on average, so the budget holds 4 of them in lockstep and
+about 7 staggered. So the plan is a time schedule, not an order:
 
 * **footprint**: what a sample holds at each of its steps, as the capacity charges it (``KVBudget.footprint``:
   tokens, or vLLM's blocks); a group's prompt is held while any of its samples runs.
@@ -19,13 +20,14 @@ lockstep but 7 staggered. So the plan is a time schedule, not an order:
   exact lengths running it admits every sample at its planned step without a preemption.
 
 At run time (``InfiniteSamplingPolicy``) samples start in planned order, keeping the planned gaps between starts;
-a sample that ends before the next planned start may go first (backfill), as predictions meet reality.
+a sample that ends before the next planned start may go first (backfill); once fewer or more samples run than the
+plan has at that point (predictions met reality), the next samples start as soon as they fit.
 
 Cost: each placement scans candidate starts (pruned by a few necessary tests, then checked in vectorised
 windows), O(ticks scanned x sample ticks). Time is planned in ticks sized so that an average sample spans about
 ``TICKS_PER_SAMPLE`` of them (1 step per tick for short answers), each tick charged the most its steps hold, so the
-plan stays within budget. The policy uses the skyline only below ``MAX_CELLS`` (samples x planned ticks), above it
-the group-major order.
+plan stays within budget. The policy uses the skyline only below ``MAX_CELLS`` ((samples + groups) x planned
+ticks), above it the group-major order.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-MAX_CELLS = 1_000_000  # (samples + groups) x planned ticks above which the skyline is not attempted (about 1 s)
+MAX_CELLS = 1_000_000  # (samples + groups) x planned ticks above which no skyline is planned (~1 s per 400k here)
 PACINGS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 1.1), (0.6, 1.0), (0.6, 1.1), (0.6, 1.2),
                                             (0.7, 1.1), (0.7, 1.2))
 """(quantile of predicted length above which samples are paced, pacing factor); (0, 0): no pacing."""
