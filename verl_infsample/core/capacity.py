@@ -5,6 +5,7 @@ holds the prompt of each group with a sample running, once, plus every running s
 if the projected KV of the running set, every sample ending at its predicted length, never exceeds the budget (the
 scheduler never plans past it); if reality outgrows the prediction, the engine must preempt, and the scheduler
 counts it. ``PagedKVBudget`` is the same budget in the blocks a paged, prefix-caching engine (vLLM) allocates.
+Both also give the skyline plan (``core/skyline.py``) a sample's footprint per step and the budget's ``limit``.
 """
 
 from __future__ import annotations
@@ -127,8 +128,9 @@ class PagedKVBudget(KVBudget):
     prompt's tail, and a sample that has generated g tokens holds ceil((r + g) / block_size) blocks of its own while
     it decodes its next token (the KV of its last token is computed in that step). Admission charges exactly that,
     projected to the peak over the running set's predicted remaining lengths, so what the core admits is what the
-    engine allocates: no ``block_size - 1`` slack per holder, and the engine never preempts on its own unless a
-    sample outgrows its prediction (then the core preempts first). ``tokens`` is ``blocks * block_size``.
+    engine allocates (unlike ``KVBudget``'s whole blocks per prompt and per sample, it knows vLLM shares full prompt
+    blocks and keeps the prompt's tail in each sample's first block), and the engine never preempts on its own
+    unless a sample outgrows its prediction (then the core preempts first). ``tokens`` is ``blocks * block_size``.
     """
 
     blocks: int = 0
