@@ -52,10 +52,10 @@ def test_shared_prompt_blocks_and_the_recomputed_last_block():
     # 64 tokens: vLLM hits at most 63 in the cache, so the second full block is each sample's own copy
     assert (budget.shared_blocks(64), budget.tail(64)) == (1, 32)
     assert (budget.shared_blocks(65), budget.tail(65)) == (2, 1)
-    assert budget.sample_blocks(65, 0) == 1 and budget.sample_blocks(65, 31) == 1 and budget.sample_blocks(65, 32) == 2
+    assert budget.own(65, 0) == 1 and budget.own(65, 31) == 1 and budget.own(65, 32) == 2
     group = Group("p", 65, 3)
     running = [Sample(uid=i, group=0, index=i, prompt_len=group.prompt_len) for i in range(3)]
-    assert budget.blocks_in_use(running) == 2 + 3  # the prompt's 2 full blocks once, one own block per sample
+    assert budget.in_use(running) == 2 + 3  # the prompt's 2 full blocks once, one own block per sample
 
 
 class _RecordingPagedKVBudget(PagedKVBudget):
@@ -64,7 +64,7 @@ class _RecordingPagedKVBudget(PagedKVBudget):
     seen: list[tuple[int, int]] = []
 
     def overflows(self, ledger) -> bool:
-        self.seen.append((self.blocks_in_use(ledger.running), self.projected_peak_blocks(ledger.running)))
+        self.seen.append((self.in_use(ledger.running), self.projected_peak_blocks(ledger.running)))
         return super().overflows(ledger)
 
 

@@ -19,11 +19,15 @@ import numpy as np
 from .sample import Sample
 
 
+def whole_blocks(tokens, block_size: int):
+    """``tokens`` rounded up to whole blocks of ``block_size`` (numbers or numpy arrays)."""
+    return -(-tokens // block_size) * block_size
+
+
 class Ledger(Protocol):
     """What a capacity model may read of the scheduler's state."""
 
     num_running: int
-    kv_tokens: int
     running: list[Sample]
 
     def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int: ...
@@ -71,12 +75,11 @@ class KVBudget:
             raise ValueError(f"max_running must be >= 1 (or None: no cap), got {self.max_running}")
 
     def whole_blocks(self, tokens):
-        """``tokens`` rounded up to whole blocks (numbers or numpy arrays)."""
-        return -(-tokens // self.block_size) * self.block_size
+        return whole_blocks(tokens, self.block_size)
 
     def check_fits(self, prompt_len: int, max_len: int) -> None:
         """A budget must hold at least one worst-case sample, or the rollout could never finish."""
-        need = self.whole_blocks(prompt_len) + self.whole_blocks(max_len)
+        need = self.prompt_footprint(prompt_len) + self.own(prompt_len, max_len - 1)
         if need > self.tokens:
             raise ValueError(
                 f"kv_budget={self.tokens} tokens cannot hold one sample: the longest prompt ({prompt_len}) plus the "
@@ -87,13 +90,20 @@ class KVBudget:
             return False
         return ledger.projected_peak_tokens(extra=sample, block_size=self.block_size) <= self.tokens
 
+    def own(self, prompt_len: int, generated):
+        """What a sample that has generated ``generated`` tokens (a number or an array) holds of its own in the step
+        that decodes its next token."""
+        return self.whole_blocks(generated + 1)
+
+    def in_use(self, running: list[Sample]) -> int:
+        """What the next step allocates for ``running`` (under a budget a group holds its prompt exactly while one
+        of its samples runs)."""
+        prompts = {s.group: self.prompt_footprint(s.prompt_len) for s in running}
+        return int(sum(self.own(s.prompt_len, s.generated) for s in running) + sum(prompts.values()))
+
     def overflows(self, ledger: Ledger) -> bool:
-        """Would the next decode step (one token per running sample) exceed the budget? (Under a budget a group
-        holds its prompt exactly while one of its samples runs.)"""
-        prompts = {s.group: s.prompt_len for s in ledger.running}
-        need = sum(self.whole_blocks(s.generated + 1) for s in ledger.running) + sum(
-            self.whole_blocks(p) for p in prompts.values())
-        return need > self.tokens
+        """Would the next decode step (one token per running sample) exceed the budget?"""
+        return self.in_use(ledger.running) > self.limit
 
     @property
     def limit(self) -> int:
@@ -103,7 +113,7 @@ class KVBudget:
     def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
         """What a fresh sample holds at each of its ``steps`` decode steps, as ``admits`` projects it; the skyline
         plan packs these (``core/skyline.py``)."""
-        return self.whole_blocks(np.arange(1, steps + 1))
+        return self.own(prompt_len, np.arange(steps))
 
     def prompt_footprint(self, prompt_len: int) -> int:
         """What a group's prompt holds while any of its samples runs."""
@@ -148,22 +158,19 @@ class PagedKVBudget(KVBudget):
     def shared_blocks(self, prompt_len: int) -> int:
         return (prompt_len - self.tail(prompt_len)) // self.block_size
 
-    def sample_blocks(self, prompt_len: int, tokens_before_step: int) -> int:
+    def own(self, prompt_len: int, generated):
         """Blocks of its own a sample holds in the step that decodes its next token."""
-        return math.ceil((self.tail(prompt_len) + tokens_before_step) / self.block_size)
+        return -(-(self.tail(prompt_len) + generated) // self.block_size)
 
     @property
     def limit(self) -> int:
         return self.blocks
 
-    def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
-        return -(-(self.tail(prompt_len) + np.arange(steps)) // self.block_size)
-
     def prompt_footprint(self, prompt_len: int) -> int:
         return self.shared_blocks(prompt_len)
 
     def check_fits(self, prompt_len: int, max_len: int) -> None:
-        need = self.shared_blocks(prompt_len) + self.sample_blocks(prompt_len, max_len - 1)
+        need = self.prompt_footprint(prompt_len) + self.own(prompt_len, max_len - 1)
         if need > self.blocks:
             raise ValueError(
                 f"kv_budget of {self.blocks} blocks of {self.block_size} tokens cannot hold one sample: the longest "
@@ -189,18 +196,10 @@ class PagedKVBudget(KVBudget):
         prompts = sum(shared[g] * (at < end) for g, end in group_end.items())
         return int(np.max(own + prompts))
 
-    def blocks_in_use(self, running: list[Sample]) -> int:
-        """Blocks the next step allocates for ``running``."""
-        groups = {s.group: self.shared_blocks(s.prompt_len) for s in running}
-        return sum(self.sample_blocks(s.prompt_len, s.generated) for s in running) + sum(groups.values())
-
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         if self.max_running is not None and ledger.num_running >= self.max_running:
             return False
         return self.projected_peak_blocks([*ledger.running, sample]) <= self.blocks
-
-    def overflows(self, ledger: Ledger) -> bool:
-        return self.blocks_in_use(ledger.running) > self.blocks
 
     def __str__(self) -> str:
         return f"kv_budget={self.blocks} blocks of {self.block_size}"

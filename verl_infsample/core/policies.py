@@ -205,19 +205,18 @@ class InfiniteSamplingPolicy(Policy):
             heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
         return self._shortest[0][-1] if self._shortest else None
 
-    def _off_plan(self, now: int) -> int:
-        """-1: fewer samples run than the plan has running at this point of it (some ended before their predicted
-        length), 1: more (some outran theirs), 0: on plan (with exact lengths, always)."""
+    def _on_plan(self, now: int) -> bool:
+        """As many samples run as the plan has running at this point of it (with exact lengths, always); fewer or
+        more means some ended before or after their predicted length."""
         planned, real = self._anchor
-        expected = self._planned_running[min(planned + now - real, len(self._planned_running) - 1)]
-        return int(np.sign(self._in_flight - expected))
+        return self._in_flight == self._planned_running[min(planned + now - real, len(self._planned_running) - 1)]
 
     def select(self, fits: Fits, now: int) -> Sample | None:
         head = self._head()
         if head is None:
             return None
         gate = None
-        if self._start is not None and self._off_plan(now) == 0:
+        if self._start is not None and self._on_plan(now):
             gate = self._gate(head)  # on plan: planned starts keep their gaps. Ahead of it (samples ended early)
             # the next start comes forward; behind it (samples outran their predictions) the plan's timing no
             # longer holds: either way, admit what fits

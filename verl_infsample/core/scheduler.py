@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .capacity import Capacity, KVBudget
+from .capacity import Capacity, KVBudget, whole_blocks
 from .policies import Policy
 from .predictor import LengthPredictor
 from .sample import Group, Sample, SampleState
@@ -138,7 +138,8 @@ class Scheduler:
         generated + r tokens each, plus the prompts of groups with a member still running. Admitting against this
         projection (not against the sum of final lengths) lets short samples use the memory long ones have not
         grown into yet, and still never plans past the budget. ``block_size``: each sample and each prompt is charged
-        in whole blocks of that many tokens (what a paged store allocates).
+        in whole blocks of that many tokens (what a paged store allocates). Read under a KV budget only, where a
+        group holds its prompt exactly while one of its samples runs.
         """
         members = self.running if extra is None else [*self.running, extra]
         if not members:
@@ -150,20 +151,13 @@ class Scheduler:
         if block_size == 1:
             sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
         else:  # a sample still running at candidate time at[j] (rem >= at[j]) holds whole blocks then
-            held = np.ceil((gen[order][:, None] + at[None, :]) / block_size) * block_size
+            held = whole_blocks(gen[order][:, None] + at[None, :], block_size)
             sample_tokens = (held * (at[:, None] >= at[None, :])).sum(axis=0)
-        # a prompt is held until its group's last running sample ends (or, when idle prompts are retained, beyond
-        # the horizon while some of the group's samples still wait)
-        group_end: dict[int, float] = {}
-        if self._retain_idle_prompts:
-            group_end = {g: np.inf for g, is_open in enumerate(self._group_open)
-                         if is_open and self._group_unfinished[g] > self._group_running[g]}
+        group_end: dict[int, float] = {}  # a prompt is held until its group's last running sample ends
         for s, r in zip(members, rem.tolist()):
-            waiting_after = self._group_unfinished[s.group] - self._group_running[s.group] - (s is extra)
-            held_on = self._retain_idle_prompts and waiting_after > 0
-            group_end[s.group] = np.inf if held_on else max(group_end.get(s.group, 0.0), r)
+            group_end[s.group] = max(group_end.get(s.group, 0.0), r)
         ends = np.array(sorted(group_end.values(), reverse=True))
-        prompts = np.cumsum([-(-self.groups[g].prompt_len // block_size) * block_size
+        prompts = np.cumsum([whole_blocks(self.groups[g].prompt_len, block_size)
                              for g in sorted(group_end, key=group_end.get, reverse=True)])
         held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
         return int(np.max(sample_tokens + prompts[held - 1]))
