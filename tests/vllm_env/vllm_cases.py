@@ -182,12 +182,13 @@ def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, p
                       "steps_infinite": infinite.vllm.engine_steps}))
 
 
-def test_large_groups_no_preemption_fewer_tokens_about_the_same_steps(engine, prompts):
+def test_large_groups_no_preemption_fewer_tokens_no_more_steps(engine, prompts):
     """2 prompts x G=32 in the same 19 blocks: plain submission preempts dozens of times, oracle admission never.
     vLLM recomputes a preempted request inside ordinary steps, mostly from its still-cached blocks, so preemption
     costs plain few steps: it keeps the cache full by overcommitting. A schedule that never preempts must reserve
     each running sample's growth; the skyline plan staggers the long answers so that those reservations overlap
-    little (549 steps before it, 449 with it, plain 448). Oracle computes far fewer tokens (no recompute)."""
+    little (549 steps before it, 449 with it, 445 with its ruin-and-recreate improvement; plain 448). Oracle
+    computes far fewer tokens (no recompute)."""
     big = engine.rollout_plain(prompts[0], 32, _params(prompts))
     _report("plain G=32", big)
     lengths = [[len(t) for t in group] for group in _tokens(big)]
@@ -197,7 +198,7 @@ def test_large_groups_no_preemption_fewer_tokens_about_the_same_steps(engine, pr
     assert oracle.vllm.preemptions == 0 and oracle.vllm.core_preemptions == 0 and _tokens(oracle) == _tokens(big)
     assert oracle.vllm.computed_tokens < big.vllm.computed_tokens
     assert oracle.vllm.peak_kv_usage == 1.0
-    assert oracle.vllm.engine_steps <= 1.02 * big.vllm.engine_steps, "the skyline plan no longer staggers"
+    assert oracle.vllm.engine_steps <= big.vllm.engine_steps, "the skyline plan no longer staggers"
     print(json.dumps({"G": 32, "steps_plain": big.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
                       "computed_plain": big.vllm.computed_tokens, "computed_oracle": oracle.vllm.computed_tokens}))
 
