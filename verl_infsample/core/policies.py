@@ -12,7 +12,8 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
 ``infinite``   with M slots: the global FPTAS plan over predicted lengths (see ``fptas``), admitted in
                planned start order. Under a KV budget: the memory-skyline plan (see ``skyline``), each
                sample at its planned step, keeping the planned gaps; a sample that ends before the next
-               planned start may go first (backfill). Batches too big for the skyline: groups kept
+               planned start may go first (backfill; it then leaves the plan, which stops counting it
+               at its planned steps). Batches too big for the skyline: groups kept
                together, longest first, and when the next sample does not fit the free KV, the shortest
                waiting sample that does goes first (SJF refill)
 ``oracle``     ``infinite`` with the true lengths: what a perfect predictor would buy
@@ -166,7 +167,9 @@ class InfiniteSamplingPolicy(Policy):
                 np.add.at(self._planned_running, sky.start, 1)
                 np.add.at(self._planned_running, ends, -1)
                 self._planned_running = np.cumsum(self._planned_running)
-                self._in_flight = 0
+                self._planned_end = {s.uid: int(e) for s, e in zip(samples, ends)}
+                self._in_flight = 0  # samples running on plan (backfilled ones are outside it)
+                self._backfilled: set[int] = set()
                 self.queue = deque(sorted(samples, key=lambda s: (self._start[s.uid], -s.predicted_len, s.uid)))
                 self._info = {"plan_method": "skyline", "plan_lanes": lanes, "planned_steps": sky.makespan,
                               "plan_pacing": sky.pacing, "plan_paced_quantile": sky.quantile}
@@ -231,12 +234,24 @@ class InfiniteSamplingPolicy(Policy):
         if gate is not None and now + s.remaining_predicted() > gate:
             return None  # it would still hold KV the head's plan counts on
         if self._start is not None:
-            self._in_flight += 1
+            self._leave_plan(s)
         return heapq.heappop(self._shortest)[-1]
 
+    def _leave_plan(self, s: Sample) -> None:
+        """``s`` runs now, outside the plan (backfill): the plan no longer counts it at its planned steps, so the
+        samples running on plan still match the plan's count (with exact lengths: always) and the gates hold."""
+        self._planned_running[self._start[s.uid]:self._planned_end[s.uid]] -= 1
+        self._backfilled.add(s.uid)
+
     def on_retire(self, sample: Sample) -> None:
-        if self._start is not None:
+        if self._start is not None and not self._discard_backfilled(sample):
             self._in_flight -= 1
+
+    def _discard_backfilled(self, sample: Sample) -> bool:
+        if sample.uid in self._backfilled:
+            self._backfilled.discard(sample.uid)
+            return True
+        return False
 
     def wake_at(self, now: int) -> int | None:
         head = self._head()
@@ -248,7 +263,7 @@ class InfiniteSamplingPolicy(Policy):
     def requeue(self, sample: Sample) -> None:
         super().requeue(sample)
         heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
-        if self._start is not None:
+        if self._start is not None and not self._discard_backfilled(sample):
             self._in_flight -= 1
 
     def predictions_changed(self, waiting: list[Sample]) -> None:

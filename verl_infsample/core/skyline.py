@@ -135,7 +135,7 @@ class MemorySkyline:
         self.running[start:start + n] += sign
         if sign > 0:
             self.end = max(self.end, start + n)
-        else:
+        elif start + n >= self.end:  # the last step with anything placed may have been this sample's
             nz = np.flatnonzero(self.running[:self.end])
             self.end = int(nz[-1]) + 1 if len(nz) else 0
 
