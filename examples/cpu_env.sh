@@ -56,6 +56,9 @@ CPU_OVERRIDES=(
   actor_rollout_ref.rollout.n="$N" actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1
   actor_rollout_ref.rollout.custom.slots="$SLOTS" actor_rollout_ref.rollout.custom.kv_budget=null
   actor_rollout_ref.rollout.custom.threads=1
+  # on 2 busy cores the agent loop's requests can pause for more than the default 20 ms, and the server then plans
+  # the step's rollout as two batches (seen: 115 decode steps instead of 91); a CPU step takes seconds, so wait longer
+  actor_rollout_ref.rollout.custom.batch_window_ms=200
   # two steps, console metrics only, no validation or checkpoints
   trainer.logger='[console]' trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
   trainer.total_training_steps="$STEPS" trainer.total_epochs=1000
