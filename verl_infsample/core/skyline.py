@@ -18,11 +18,12 @@ about 7 staggered. So the plan is a time schedule, not an order:
   moves to its earliest fit, until nothing moves), and the shortest planned makespan wins; a plan that reaches
   the lower bound (longest sample, or total area / budget) ends the search.
 * **improvement** (ruin and recreate): the winner is then refined by small seeded moves: take 1-3 samples out
-  (random ones, or a quarter of the time one that ends last and others running beside it), put each back at its earliest fit no sooner than its old start plus a random shift of up to one average
-  sample, and keep the move if the plan is no longer and its memory sits no later (sum of use x step); undo it
-  otherwise. Pacing staggers the long samples at a fixed rate; these moves fix the dips it leaves between
-  them (whole blocks are coarse). It stops at the lower bound, after ``IMPROVE_PATIENCE`` moves without a
-  shorter plan, or after ``IMPROVE_MOVES``; seeded, so the same input gives the same plan.
+  (random ones, or a quarter of the time one that ends last and others running beside it), put each back at its
+  earliest fit no sooner than its old start plus a random shift of up to one average sample, and keep the move
+  if the plan is no longer and its memory sits no later (sum of use x step); undo it otherwise. Pacing staggers
+  the long samples at a fixed rate; these moves fix the dips it leaves between them (whole blocks are coarse).
+  It stops at the lower bound, after ``IMPROVE_PATIENCE`` moves without a shorter plan, or after
+  ``IMPROVE_MOVES``; seeded, so the same input gives the same plan.
 
 The plan never exceeds the budget, so with exact lengths running it admits every sample at its planned step
 without a preemption.
@@ -223,6 +224,15 @@ def improve(sky: MemorySkyline, start: np.ndarray, feet: list[np.ndarray], promp
     span = np.array([len(f) for f in feet])
     score = (sky.end, sky.late_mass())
     since_shorter = 0
+
+    def take_out(moved: list[int]) -> None:
+        for j in moved:
+            sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
+
+    def put(j: int, t: int) -> None:
+        sky.place(feet[j], prompts[j], groups[j], t)
+        start[j] = t
+
     for _ in range(IMPROVE_MOVES):
         if sky.end <= bound or since_shorter >= IMPROVE_PATIENCE:
             return
@@ -236,23 +246,19 @@ def improve(sky: MemorySkyline, start: np.ndarray, feet: list[np.ndarray], promp
         else:
             moved = rng.choice(len(start), size=min(len(start), size), replace=False).tolist()
         old = start[moved].tolist()
+        take_out(moved)
         for j in moved:
-            sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
-        for j in moved:
-            t = sky.earliest_fit(feet[j], prompts[j], groups[j], int(start[j]) + int(rng.integers(-shift, shift + 1)))
-            sky.place(feet[j], prompts[j], groups[j], t)
-            start[j] = t
+            shifted = int(start[j]) + int(rng.integers(-shift, shift + 1))
+            put(j, sky.earliest_fit(feet[j], prompts[j], groups[j], shifted))
         new = (sky.end, sky.late_mass())
         if new <= score:
             since_shorter = 0 if new[0] < score[0] else since_shorter + 1
             score = new
             continue
         since_shorter += 1
-        for j in moved:
-            sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
+        take_out(moved)  # undo
         for j, t in zip(moved, old):
-            sky.place(feet[j], prompts[j], groups[j], t)
-            start[j] = t
+            put(j, t)
 
 
 def _in_ticks(footprint: np.ndarray, tick: int) -> np.ndarray:
