@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from verl_infsample.core import KVBudget, PagedKVBudget, TracePrompt
 from verl_infsample.core import skyline
+from verl_infsample.core.policies import InfiniteSamplingPolicy
 from verl_infsample.core.skyline import plan_skyline
 from verl_infsample.engines import simulate
 from verl_infsample.engines.simulated import SimulatedEngine
@@ -154,3 +155,37 @@ def test_too_big_for_the_skyline_falls_back_to_group_major():
     trace = [TracePrompt(str(i), 20, tuple([50] * 64)) for i in range(64)]
     res = simulate(trace, "infinite", KVBudget(3000), "oracle", max_len=64)
     assert res.plan["plan_method"] == "group-major" and res.samples == 64 * 64
+
+
+def test_a_backfilled_sample_stays_off_plan_when_preempted_and_readmitted(monkeypatch):
+    """Under wrong predictions a backfilled sample can be preempted and come back. It left the plan once and stays
+    off it: its planned interval is taken out of the plan's count exactly once, and it is never counted among the
+    samples running on plan. (Before, re-admission by backfill took its interval out a second time, and re-admission
+    as the queue's head counted it on plan although the plan no longer had it.)"""
+    rng = np.random.default_rng(5)
+    trace = [TracePrompt(f"p{g}", int(rng.integers(8, 20)),
+                         tuple(int(n) for n in np.where(rng.random(24) < 0.3, rng.integers(1, 6, 24),
+                                                        rng.integers(10, 128, 24))))
+             for g in range(3)]
+    left: list[int] = []
+    leave = InfiniteSamplingPolicy._leave_plan
+    monkeypatch.setattr(InfiniteSamplingPolicy, "_leave_plan", lambda pol, s: (left.append(s.uid), leave(pol, s)))
+    preempted_off_plan = 0
+
+    def check(sched):
+        nonlocal preempted_off_plan
+        pol = sched.policy
+        preempted_off_plan += sum(1 for s in sched.samples if s.uid in pol._backfilled and s.preemptions
+                                  and s.state.value == "waiting")
+        expected = np.zeros_like(pol._planned_running)
+        for s in sched.samples:
+            if s.uid not in left:
+                expected[pol._start[s.uid]:pol._planned_end[s.uid]] += 1
+        assert np.array_equal(pol._planned_running, expected)
+        assert pol._in_flight == sum(1 for s in sched.running if s.uid not in pol._backfilled)
+
+    res = simulate(trace, "infinite", KVBudget(400, block_size=16), "noisy:0.8", max_len=128, seed=2,
+                   on_step=check)
+    assert res.plan["plan_method"] == "skyline" and res.preemptions > 0
+    assert preempted_off_plan > 0, "the case under test: a backfilled sample preempted and waiting to come back"
+    assert len(left) == len(set(left))

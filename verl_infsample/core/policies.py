@@ -219,12 +219,12 @@ class InfiniteSamplingPolicy(Policy):
         if head is None:
             return None
         gate = None
-        if self._start is not None and self._on_plan(now):
+        if self._start is not None and head.uid not in self._backfilled and self._on_plan(now):
             gate = self._gate(head)  # on plan: planned starts keep their gaps. Ahead of it (samples ended early)
             # the next start comes forward; behind it (samples outran their predictions) the plan's timing no
             # longer holds: either way, admit what fits
         if (gate is None or now >= gate) and fits(head):
-            if self._start is not None:
+            if self._start is not None and head.uid not in self._backfilled:
                 self._anchor = (self._start[head.uid], now)
                 self._in_flight += 1
             return self.queue.popleft()
@@ -233,25 +233,23 @@ class InfiniteSamplingPolicy(Policy):
             return None
         if gate is not None and now + s.remaining_predicted() > gate:
             return None  # it would still hold KV the head's plan counts on
-        if self._start is not None:
+        if self._start is not None and s.uid not in self._backfilled:
             self._leave_plan(s)
         return heapq.heappop(self._shortest)[-1]
 
     def _leave_plan(self, s: Sample) -> None:
-        """``s`` runs now, outside the plan (backfill): the plan no longer counts it at its planned steps, so the
-        samples running on plan still match the plan's count (with exact lengths: always) and the gates hold."""
+        """``s`` runs now, outside the plan (backfill), and stays outside it until it finishes (also if it is
+        preempted and comes back): the plan no longer counts it at its planned steps, so the samples running on plan
+        still match the plan's count (with exact lengths: always) and the gates hold."""
         self._planned_running[self._start[s.uid]:self._planned_end[s.uid]] -= 1
         self._backfilled.add(s.uid)
 
     def on_retire(self, sample: Sample) -> None:
-        if self._start is not None and not self._discard_backfilled(sample):
-            self._in_flight -= 1
-
-    def _discard_backfilled(self, sample: Sample) -> bool:
-        if sample.uid in self._backfilled:
-            self._backfilled.discard(sample.uid)
-            return True
-        return False
+        if self._start is not None:
+            if sample.uid in self._backfilled:
+                self._backfilled.discard(sample.uid)
+            else:
+                self._in_flight -= 1
 
     def wake_at(self, now: int) -> int | None:
         head = self._head()
@@ -263,8 +261,8 @@ class InfiniteSamplingPolicy(Policy):
     def requeue(self, sample: Sample) -> None:
         super().requeue(sample)
         heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
-        if self._start is not None and not self._discard_backfilled(sample):
-            self._in_flight -= 1
+        if self._start is not None and sample.uid not in self._backfilled:
+            self._in_flight -= 1  # (a backfilled one was never counted on plan, and stays off it)
 
     def predictions_changed(self, waiting: list[Sample]) -> None:
         """Refills follow the new predictions (an outdated heap entry is skipped when it surfaces)."""
