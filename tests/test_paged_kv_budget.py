@@ -79,7 +79,7 @@ def test_exact_predictions_fill_the_blocks_and_never_overflow(blocks):
 
 
 def test_a_budget_that_holds_no_sample_says_so():
-    with pytest.raises(ValueError, match="kv_budget of 3 blocks of 32 tokens cannot hold one sample"):
+    with pytest.raises(ValueError, match="kv_budget=3 blocks of 32 tokens cannot hold one sample"):
         simulate(TRACE, "infinite", PagedKVBudget(3, 32), "oracle", max_len=96)
     with pytest.raises(ValueError, match="kv_blocks must be >= 1"):
         PagedKVBudget(0, 32)

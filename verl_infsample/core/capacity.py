@@ -80,10 +80,10 @@ class KVBudget:
     def check_fits(self, prompt_len: int, max_len: int) -> None:
         """A budget must hold at least one worst-case sample, or the rollout could never finish."""
         need = self.prompt_footprint(prompt_len) + self.own(prompt_len, max_len - 1)
-        if need > self.tokens:
+        if need > self.limit:
             raise ValueError(
-                f"kv_budget={self.tokens} tokens cannot hold one sample: the longest prompt ({prompt_len}) plus the "
-                f"longest response ({max_len}) needs {need}; raise kv_budget to at least that")
+                f"{self} cannot hold one sample: the longest prompt ({prompt_len}) plus the longest response "
+                f"({max_len}) needs {need} {self.unit}; raise {self.raise_what} to at least that")
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         if self.max_running is not None and ledger.num_running >= self.max_running:
@@ -110,6 +110,9 @@ class KVBudget:
         """The budget in the unit ``footprint`` counts (tokens here, blocks for ``PagedKVBudget``)."""
         return self.tokens
 
+    unit = "tokens"
+    raise_what = "kv_budget"
+
     def footprint(self, prompt_len: int, steps: int) -> np.ndarray:
         """What a fresh sample holds at each of its ``steps`` decode steps, as ``admits`` projects it; the skyline
         plan packs these (``core/skyline.py``)."""
@@ -125,7 +128,7 @@ class KVBudget:
         return lanes if self.max_running is None else min(lanes, self.max_running)
 
     def __str__(self) -> str:
-        return f"kv_budget={self.tokens}"
+        return f"kv_budget={self.tokens} tokens"
 
 
 @dataclass(frozen=True, init=False)
@@ -169,13 +172,8 @@ class PagedKVBudget(KVBudget):
     def prompt_footprint(self, prompt_len: int) -> int:
         return self.shared_blocks(prompt_len)
 
-    def check_fits(self, prompt_len: int, max_len: int) -> None:
-        need = self.prompt_footprint(prompt_len) + self.own(prompt_len, max_len - 1)
-        if need > self.blocks:
-            raise ValueError(
-                f"kv_budget of {self.blocks} blocks of {self.block_size} tokens cannot hold one sample: the longest "
-                f"prompt ({prompt_len}) plus the longest response ({max_len}) needs {need} blocks; raise kv_budget "
-                "(or the engine's KV blocks) to at least that")
+    unit = "blocks"
+    raise_what = "kv_budget (or the engine's KV blocks)"
 
     def projected_peak_blocks(self, members: list[Sample]) -> int:
         """Peak blocks of ``members`` if each ends at its predicted length: every candidate time is a sample's last
@@ -202,7 +200,7 @@ class PagedKVBudget(KVBudget):
         return self.projected_peak_blocks([*ledger.running, sample]) <= self.blocks
 
     def __str__(self) -> str:
-        return f"kv_budget={self.blocks} blocks of {self.block_size}"
+        return f"kv_budget={self.blocks} blocks of {self.block_size} tokens"
 
 
 Capacity = SlotPool | KVBudget
