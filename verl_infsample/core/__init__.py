@@ -8,13 +8,12 @@ from .fptas import LaneSchedule, exact_makespan, fptas_schedule, lower_bound, lp
 from .policies import POLICIES, Policy, make_policy
 from .predictor import PREDICTORS, LengthPredictor, make_predictor
 from .sample import Group, Sample, SampleState
-from .scheduler import Scheduler, SchedulerStats
+from .scheduler import Scheduler, SchedulerStats, build_scheduler
 from .trace import TraceError, TracePrompt, read_trace, synth_trace, write_trace
 
 __all__ = [
     "Group", "KVBudget", "LaneSchedule", "LengthPredictor", "POLICIES", "PREDICTORS", "PagedKVBudget", "Policy",
-    "Sample",
-    "SampleState", "Scheduler", "SchedulerStats", "SlotPool", "TraceError", "TracePrompt", "exact_makespan",
-    "fptas_schedule", "lower_bound", "lpt_schedule", "make_policy", "make_predictor", "read_trace", "synth_trace",
-    "write_trace",
+    "Sample", "SampleState", "Scheduler", "SchedulerStats", "SlotPool", "TraceError", "TracePrompt", "build_scheduler",
+    "exact_makespan", "fptas_schedule", "lower_bound", "lpt_schedule", "make_policy", "make_predictor", "read_trace",
+    "synth_trace", "write_trace",
 ]

@@ -20,9 +20,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .capacity import Capacity, KVBudget, whole_blocks
-from .policies import Policy
-from .predictor import LengthPredictor
+from .capacity import Capacity, KVBudget, SlotPool, whole_blocks
+from .policies import Policy, make_policy
+from .predictor import LengthPredictor, make_predictor
 from .sample import Group, Sample, SampleState
 
 
@@ -279,3 +279,14 @@ class Scheduler:
             out[s.group].append(s)
         return out
 
+
+def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: str | LengthPredictor,
+                    max_len: int, *, seed: int = 0, fptas_eps: float = 0.02,
+                    true_lengths: list[list[int]] | None = None,
+                    prompt_tokens: list[Sequence[int] | None] | None = None) -> Scheduler:
+    """A ``Scheduler`` for a policy by name and a predictor by spec (or an instance, e.g. one that learns across
+    rollouts); a policy that brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
+    pol = make_policy(policy, slots=capacity.slots if isinstance(capacity, SlotPool) else None, fptas_eps=fptas_eps)
+    spec = pol.forced_predictor or predictor
+    pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
+    return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens)

@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
-from ..core.policies import make_policy
-from ..core.predictor import LengthPredictor, make_predictor
+from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
-from ..core.scheduler import Scheduler, SchedulerStats
+from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from ..core.trace import TracePrompt
 from .base import run_rollout
 
@@ -122,13 +121,10 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     max_len = longest if max_len is None else max_len
     if longest > max_len:
         raise ValueError(f"max_len={max_len} is shorter than the longest sample in the trace ({longest})")
-    slots = capacity.slots if isinstance(capacity, SlotPool) else None
-    pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
-    spec = pol.forced_predictor or predictor
-    pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
-    sched = Scheduler(groups, pol, capacity, pred, max_len, true_lengths=[list(p.lengths) for p in trace],
-                      prompt_tokens=[p.prompt_tokens for p in trace])
+    sched = build_scheduler(groups, policy, capacity, predictor, max_len, seed=seed, fptas_eps=fptas_eps,
+                            true_lengths=[list(p.lengths) for p in trace], prompt_tokens=[p.prompt_tokens for p in trace])
+    pol, pred = sched.policy, sched.predictor
     replay = sched.refines_predictions and all(p.tokens is not None for p in trace)
     run_rollout(ReplayEngine(trace, prefill_chunk) if replay else SimulatedEngine(prefill_chunk), sched,
                 on_step=on_step)

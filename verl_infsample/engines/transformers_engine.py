@@ -20,10 +20,9 @@ import numpy as np
 import torch
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
-from ..core.policies import make_policy
-from ..core.predictor import LengthPredictor, make_predictor
+from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
-from ..core.scheduler import Scheduler, SchedulerStats
+from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
 from .sampling import SamplingParams, distribution_stats, sample_stream, sample_tokens
@@ -95,14 +94,10 @@ class TransformersEngine:
         capacity = capacity or SlotPool(max(sizes))
         if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget
             capacity = KVBudget(capacity.tokens, block_size=self.pool.block_size)
-        slots = capacity.slots if isinstance(capacity, SlotPool) else None
-        pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
-        spec = pol.forced_predictor or predictor
-        pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
-        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths,
-                          prompt_tokens=prompts)
+        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
+                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts)
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
@@ -117,7 +112,7 @@ class TransformersEngine:
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
-        return EngineRollout(outputs, sched.stats, self.pool.stats, timing, wall, policy, pol.plan_info)
+        return EngineRollout(outputs, sched.stats, self.pool.stats, timing, wall, policy, sched.policy.plan_info)
 
     # --- the engine protocol ---------------------------------------------------------------------------------------
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:

@@ -43,11 +43,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ..core.capacity import Capacity, KVBudget, PagedKVBudget, SlotPool
-from ..core.policies import make_policy
-from ..core.predictor import LengthPredictor, make_predictor
+from ..core.capacity import Capacity, KVBudget, PagedKVBudget
+from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample, SampleState
-from ..core.scheduler import Scheduler, SchedulerStats
+from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import KVStats
 from .sampling import SamplingParams
@@ -263,15 +262,11 @@ class VLLMEngine:
         """
         sizes, prompt_ids = self._check(prompts, n, params, prompt_ids)
         capacity = self._capacity(capacity)
-        slots = capacity.slots if isinstance(capacity, SlotPool) else None
-        pol = make_policy(policy, slots=slots, fptas_eps=fptas_eps)
-        spec = pol.forced_predictor or predictor
-        pred = make_predictor(spec, seed=params.seed, max_len=params.max_new_tokens) if isinstance(spec, str) else spec
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
         self._params, self._prompts = params, [list(map(int, p)) for p in prompts]
-        sched = Scheduler(groups, pol, capacity, pred, params.max_new_tokens, true_lengths=true_lengths,
-                          prompt_tokens=self._prompts)
+        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
+                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=self._prompts)
         for s in sched.samples:
             key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
             s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=key)
@@ -284,7 +279,7 @@ class VLLMEngine:
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
-        return VLLMRollout(outputs, sched.stats, self._kv_stats(stats), timing, wall, policy, pol.plan_info,
+        return VLLMRollout(outputs, sched.stats, self._kv_stats(stats), timing, wall, policy, sched.policy.plan_info,
                            vllm=stats)
 
     def rollout_plain(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
