@@ -164,7 +164,10 @@ def test_refined_predictions_reach_the_kv_projection():
     assert sched.stats.refine_ms > 0
     changed = sum(seen_running[key] != plan[key] for key in seen_running)
     assert changed > len(seen_running) / 2
-    assert res_l.peak_kv_tokens <= 1200 and res_l.decode_steps <= res_h.decode_steps * 1.02
+    # on one trace either predictor's steps move by about 5% with unrelated changes to the run-time policy (over six
+    # traces the two are within 3% of each other: README); a projection that missed the refinements would reserve
+    # far more and take far longer
+    assert res_l.peak_kv_tokens <= 1200 and res_l.decode_steps <= res_h.decode_steps * 1.10
 
 
 def test_trace_tokens_round_trip(tmp_path):
