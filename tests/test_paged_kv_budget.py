@@ -83,3 +83,26 @@ def test_a_budget_that_holds_no_sample_says_so():
         simulate(TRACE, "infinite", PagedKVBudget(3, 32), "oracle", max_len=96)
     with pytest.raises(ValueError, match="kv_blocks must be >= 1"):
         PagedKVBudget(0, 32)
+
+
+@pytest.mark.parametrize("policy, predictor", [("plain", "none"), ("infinite", "noisy:0.5")])
+def test_the_simulator_stops_where_the_blocks_run_out_and_preempts_there(monkeypatch, policy, predictor):
+    """Between retirements the simulator jumps many steps at once; under a paged budget it must stop at the step
+    after which the next one outgrows the blocks (whole blocks fill before raw tokens do), so the engine preempts
+    there and no step ever allocates more than the budget. (Jumping by raw tokens ran past it.) ``plain`` (verl's
+    submission: admit while the next step fits, preempt when it no longer does) overflows all the time."""
+    from verl_infsample.engines.simulated import SimulatedEngine
+
+    budget = PagedKVBudget(19, 32, max_running=32)
+    allocated: list[int] = []
+    step = SimulatedEngine.step
+
+    def checked(engine, sched):
+        finished, steps = step(engine, sched)
+        allocated.extend(budget.in_use(sched.running, ahead) for ahead in range(steps))  # each step of the jump
+        return finished, steps
+
+    monkeypatch.setattr(SimulatedEngine, "step", checked)
+    res = simulate(TRACE, policy, budget, predictor, max_len=96, seed=3)
+    assert res.preemptions > 0 and max(allocated) <= budget.blocks
+    assert max(allocated) == budget.blocks  # it does fill the blocks

@@ -105,7 +105,8 @@ def _cmd_simulate(args) -> int:
     else:
         print(format_table([r.as_dict() for r in results],
                            ["policy", "predictor", "decode_steps", "lower_bound_steps", "steps_vs_bound",
-                            "peak_active", "peak_kv_tokens", "preemptions", "plan_ms", "total_tokens"]))
+                            "peak_active", "peak_kv_tokens", "preemptions", "recompute_tokens", "plan_ms",
+                            "total_tokens"]))
     if args.plot:
         from .plots import plot_kv_timelines
 

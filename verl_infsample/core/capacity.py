@@ -44,6 +44,8 @@ class SlotPool:
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         return ledger.num_running < self.slots
 
+    fits_now = admits
+
     def overflows(self, ledger: Ledger) -> bool:
         return False
 
@@ -95,11 +97,17 @@ class KVBudget:
         that decodes its next token."""
         return self.whole_blocks(generated + 1)
 
-    def in_use(self, running: list[Sample]) -> int:
-        """What the next step allocates for ``running`` (under a budget a group holds its prompt exactly while one
-        of its samples runs)."""
+    def in_use(self, running: list[Sample], ahead: int = 0) -> int:
+        """What the next step (or the one ``ahead`` steps later, if none of them finishes) allocates for
+        ``running``; under a budget a group holds its prompt exactly while one of its samples runs."""
         prompts = {s.group: self.prompt_footprint(s.prompt_len) for s in running}
-        return int(sum(self.own(s.prompt_len, s.generated) for s in running) + sum(prompts.values()))
+        return int(sum(self.own(s.prompt_len, s.generated + ahead) for s in running) + sum(prompts.values()))
+
+    def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
+        """Admission without reserving growth (the ``plain`` baseline): the next step, ``sample`` included, fits."""
+        if self.max_running is not None and ledger.num_running >= self.max_running:
+            return False
+        return self.in_use([*ledger.running, sample]) <= self.limit
 
     def overflows(self, ledger: Ledger) -> bool:
         """Would the next decode step (one token per running sample) exceed the budget?"""

@@ -17,6 +17,9 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
                together, longest first, and when the next sample does not fit the free KV, the shortest
                waiting sample that does goes first (SJF refill)
 ``oracle``     ``infinite`` with the true lengths: what a perfect predictor would buy
+``plain``      what verl does without us: every request at once, first come first served; under a KV
+               budget a sample enters when the next step's KV fits *now* (no reservation for its growth),
+               and the engine preempts the latest admitted when decoding outgrows the budget (vLLM's way)
 =============  ==========================================================================================
 """
 
@@ -40,6 +43,7 @@ class Policy:
     name: str = ""
     uses_predictor = False  # baselines reserve max_len; predictive policies reserve predicted_len
     ignores_capacity = False
+    reserves_growth = True  # admit only if the projected peak fits; False: if the next step fits (overcommit)
     forced_predictor: str | None = None
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
@@ -77,6 +81,14 @@ class Policy:
 
 class ContinuousPolicy(Policy):
     name = "continuous"
+
+
+class PlainSubmissionPolicy(Policy):
+    """verl's own path, as a baseline the simulator can run at any scale: all requests queued at once, admitted
+    while the next step fits, preempted (latest first, back to the head of the line) when the KV runs out."""
+
+    name = "plain"
+    reserves_growth = False
 
 
 class LongestPredictedFirstPolicy(Policy):
@@ -286,6 +298,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "lpt": lambda slots, eps: LongestPredictedFirstPolicy(),
     "infinite": lambda slots, eps: InfiniteSamplingPolicy(eps),
     "oracle": lambda slots, eps: OraclePolicy(eps),
+    "plain": lambda slots, eps: PlainSubmissionPolicy(),
 }
 
 

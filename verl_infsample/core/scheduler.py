@@ -172,7 +172,11 @@ class Scheduler:
         return self._finished == len(self.samples)
 
     def admit(self) -> list[Sample]:
-        fits = (lambda s: True) if self.policy.ignores_capacity else (lambda s: self.capacity.admits(s, self))
+        if self.policy.ignores_capacity:
+            fits = lambda s: True  # noqa: E731
+        else:
+            check = self.capacity.admits if self.policy.reserves_growth else self.capacity.fits_now
+            fits = lambda s: check(s, self)  # noqa: E731
         admitted = []
         while (s := self.policy.select(fits, self.stats.decode_steps)) is not None:
             if s.state is not SampleState.WAITING:

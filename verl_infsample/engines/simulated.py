@@ -41,12 +41,25 @@ class SimulatedEngine:
         running = sched.running
         steps = min(s.true_len - s.generated for s in running)
         if isinstance(sched.capacity, KVBudget) and not sched.policy.ignores_capacity:
-            steps = min(steps, max(1, (sched.capacity.tokens - sched.kv_tokens) // len(running)))
+            steps = _steps_until_full(sched.capacity, running, steps)
         wake = sched.policy.wake_at(sched.stats.decode_steps)
         if wake is not None:  # a planned start comes before the next retirement
             steps = min(steps, wake - sched.stats.decode_steps)
         finished = [s for s in running if s.generated + steps >= s.true_len]
         return finished, steps
+
+
+def _steps_until_full(budget: KVBudget, running: list[Sample], steps: int) -> int:
+    """Steps that may run before the scheduler must look again: the first j (1 <= j <= ``steps``) after which the
+    next step would outgrow the budget (where it must preempt), found by bisection (KV only grows between
+    retirements), else ``steps``."""
+    if budget.in_use(running, steps) <= budget.limit:
+        return steps
+    lo, hi = 0, steps  # in_use(lo) fits (the scheduler made room for the next step), in_use(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if budget.in_use(running, mid) <= budget.limit else (lo, mid)
+    return hi
 
 
 class ReplayEngine(SimulatedEngine):
