@@ -53,6 +53,7 @@ PACINGS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 1.1), (0.6, 1.0), 
 """(quantile of predicted length above which samples are paced, pacing factor); (0, 0): no pacing."""
 COMPACTION_ROUNDS = 3
 COMPACT_WITHIN = 1.1
+PLACEMENTS = 12_000  # samples placed (built, compacted) over all candidate plans at most: big batches try fewer
 IMPROVE_MOVES = 2000  # ruin-and-recreate moves at most (about 0.5 ms each for 64 samples here) ...
 IMPROVE_PATIENCE = 600  # ... and at most this many in a row without a shorter plan
 AIM_AT_LAST = 0.25  # share of moves that take out a sample ending last (and some beside it), not random ones
@@ -186,9 +187,10 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
                 not_before = t + pacing * feet[j].sum() / memory.limit
         return sky, start
 
-    def compact(sky: MemorySkyline, start: np.ndarray) -> None:
-        """Latest-ending first, each sample to its earliest fit, until nothing moves (at most a few rounds)."""
-        for _ in range(COMPACTION_ROUNDS):
+    def compact(sky: MemorySkyline, start: np.ndarray) -> int:
+        """Latest-ending first, each sample to its earliest fit, until nothing moves (at most a few rounds); returns
+        how many placements it made."""
+        for rounds in range(1, COMPACTION_ROUNDS + 1):
             moved = 0
             for j in np.argsort(-(start + steps), kind="stable").tolist():
                 sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
@@ -197,16 +199,21 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
                 moved += t < start[j]
                 start[j] = t
             if not moved:
-                return
+                break
+        return rounds * len(start)
 
     best = None
     candidates = [(q, p, longest_first) for q, p in pacings]
     if n_groups > 1:  # groups one after another: each group in flight holds its prompt
         candidates.append((0.0, 0.0, group_major))
+    placed = 0
     for quantile, pacing, order in candidates:
+        if best is not None and placed + len(steps) > PLACEMENTS:
+            break  # a big batch: the candidates tried so far must do (deterministic, unlike a time limit)
         sky, start = build(quantile, pacing, order)
+        placed += len(steps)
         if sky.end > bound and (best is None or sky.end < COMPACT_WITHIN * best[0].end):
-            compact(sky, start)  # (compaction gains a few percent: a plan far behind the best is not compacted)
+            placed += compact(sky, start)  # (compaction gains a few percent: far behind the best, not compacted)
         if best is None or sky.end < best[0].end:
             best = (sky, start, quantile, pacing)
         if sky.end <= bound:
