@@ -151,6 +151,26 @@ def test_token_budgets_plan_in_ticks_and_stay_within_budget(dist):
     assert res.decode_steps <= greedy.decode_steps
 
 
+def test_a_big_batch_is_planned_in_coarser_ticks_before_giving_up(monkeypatch):
+    """Past MAX_CELLS at the usual resolution, the plan is made in coarser ticks (still within budget, still no
+    preemption with exact lengths); only past it at MIN_TICKS_PER_SAMPLE does the policy fall back to group-major."""
+    from verl_infsample.core import synth_trace
+
+    trace = synth_trace(prompts=2, group_size=32, max_len=1024, dist="lognormal", seed=1)
+    budget = KVBudget(4000)
+    lengths = np.array([n for p in trace for n in p.lengths])
+    fine = math.ceil(lengths.mean() / skyline.TICKS_PER_SAMPLE)
+    normal = simulate(trace, "oracle", budget, "oracle", max_len=1024)
+    assert normal.plan["planned_steps"] % fine == 0
+    monkeypatch.setattr(skyline, "MAX_CELLS", 66 * math.ceil(normal.plan["planned_steps"] / fine) // 2)
+    coarse, sched = simulate(trace, "oracle", budget, "oracle", max_len=1024, return_scheduler=True)
+    assert coarse.plan["plan_method"] == "skyline" and coarse.preemptions == 0
+    assert coarse.peak_kv_tokens <= budget.tokens
+    assert math.gcd(coarse.plan["planned_steps"], *sched.policy._start.values()) > fine  # starts on coarser ticks
+    monkeypatch.setattr(skyline, "MIN_TICKS_PER_SAMPLE", skyline.TICKS_PER_SAMPLE)  # no coarser ticks allowed
+    assert simulate(trace, "oracle", budget, "oracle", max_len=1024).plan["plan_method"] == "group-major"
+
+
 def test_too_big_for_the_skyline_falls_back_to_group_major():
     trace = [TracePrompt(str(i), 20, tuple([50] * 64)) for i in range(64)]
     res = simulate(trace, "infinite", KVBudget(3000), "oracle", max_len=64)

@@ -35,8 +35,9 @@ plan has at that point (predictions met reality), the next samples start as soon
 Cost: each placement scans candidate starts (pruned by a few necessary tests, then checked in vectorised
 windows), O(ticks scanned x sample ticks). Time is planned in ticks sized so that an average sample spans about
 ``TICKS_PER_SAMPLE`` of them (1 step per tick for short answers), each tick charged the most its steps hold, so the
-plan stays within budget. The policy uses the skyline only below ``MAX_CELLS`` ((samples + groups) x planned
-ticks), above it the group-major order.
+plan stays within budget. A batch that would exceed ``MAX_CELLS`` ((samples + groups) x planned ticks) is planned
+in coarser ticks, down to ``MIN_TICKS_PER_SAMPLE`` per average sample; beyond that the policy uses the group-major
+order. Over all candidate plans at most ``PLACEMENTS`` samples are placed, so big batches try fewer of them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ IMPROVE_MOVES = 2000  # ruin-and-recreate moves at most (about 0.5 ms each for 6
 IMPROVE_PATIENCE = 600  # ... and at most this many in a row without a shorter plan
 AIM_AT_LAST = 0.25  # share of moves that take out a sample ending last (and some beside it), not random ones
 TICKS_PER_SAMPLE = 64  # time resolution: an average sample spans this many ticks (1 tick = 1 step for short ones)
+MIN_TICKS_PER_SAMPLE = 16  # ... or as few as this, where a big batch would otherwise exceed MAX_CELLS
 
 
 class Footprints(Protocol):
@@ -152,20 +154,26 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
     for the skyline (``MAX_CELLS``)."""
     steps = np.maximum(1, np.ceil(lengths - 1e-9).astype(np.int64))
     n_groups = int(groups.max()) + 1 if len(groups) else 0
-    tick = max(1, math.ceil(float(steps.mean()) / TICKS_PER_SAMPLE))  # plan in ticks of this many steps
-    if (len(steps) + n_groups) * math.ceil(int(steps.max()) / tick) > MAX_CELLS:  # horizon >= longest sample
+    rows, mean = len(steps) + n_groups, float(steps.mean())
+    coarsest = max(1, math.ceil(mean / MIN_TICKS_PER_SAMPLE))
+    if rows * math.ceil(int(steps.max()) / coarsest) > MAX_CELLS:  # the horizon spans at least the longest sample
         return None
-    feet = [_in_ticks(memory.footprint(int(p), int(s)), tick) for p, s in zip(prompt_lens, steps)]
+    raw = [memory.footprint(int(p), int(s)) for p, s in zip(prompt_lens, steps)]
     prompts = [memory.prompt_footprint(int(p)) for p in prompt_lens]
     group_steps = np.zeros(n_groups, dtype=np.int64)
     np.maximum.at(group_steps, groups, steps)
     group_prompt = np.zeros(n_groups, dtype=np.int64)
     group_prompt[groups] = prompt_lens
-    area = sum(int(f.sum()) for f in feet) * tick + sum(
-        memory.prompt_footprint(int(p)) * int(s) for p, s in zip(group_prompt, group_steps))
+    prompt_area = sum(memory.prompt_footprint(int(p)) * int(s) for p, s in zip(group_prompt, group_steps))
+    shortest = max(int(steps.max()), math.ceil((sum(int(f.sum()) for f in raw) + prompt_area) / memory.limit))
+    tick = max(1, math.ceil(mean / TICKS_PER_SAMPLE))  # plan in ticks of this many steps ...
+    while rows * (int(math.ceil(shortest / tick) * 1.5) + 1) > MAX_CELLS and tick < coarsest:
+        tick = min(coarsest, tick + max(1, tick // 4))  # ... coarser ones for a big batch
+    feet = [_in_ticks(f, tick) for f in raw]
+    area = sum(int(f.sum()) for f in feet) * tick + prompt_area
     bound = math.ceil(max(int(steps.max()), math.ceil(area / memory.limit)) / tick)  # no plan is shorter
     horizon = int(bound * 1.5) + 1  # grows if needed
-    if (len(steps) + n_groups) * horizon > MAX_CELLS:
+    if rows * horizon > MAX_CELLS:
         return None
     steps = np.array([len(f) for f in feet])
     longest_first = np.lexsort((np.arange(len(steps)), -steps))
