@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_infsample.core import KVBudget, SlotPool, TracePrompt
+from verl_infsample.core import KVBudget, SlotPool, TracePrompt, make_predictor
 from verl_infsample.core.policies import POLICIES
 from verl_infsample.core.sample import SampleState
 from verl_infsample.engines import simulate
@@ -133,7 +133,7 @@ def test_partial_results_are_refused_and_impossible_budgets_rejected():
 
 
 def test_history_predictor_learns_per_prompt_then_global():
-    from verl_infsample.core import Group, Sample, make_predictor
+    from verl_infsample.core import Group, Sample
 
     pred = make_predictor("history", max_len=1000)
     g_a, g_b = Group("a", 1, 2), Group("b", 1, 2)
@@ -146,6 +146,67 @@ def test_history_predictor_learns_per_prompt_then_global():
     pred.observe(g_b, s, 500)
     assert pred.predict(g_b, s) == 500
     assert pred.predict(Group("c", 1, 1), s) == pytest.approx(300)
+
+
+def test_history_predicts_an_outgrown_sample_from_complete_earlier_rollouts():
+    """Past its prediction, a sample is predicted the mean of earlier lengths beyond what it has generated (its
+    prompt's, else all prompts'), from complete rollouts only: the first to finish are the short ones."""
+    from verl_infsample.core import Group, Sample
+
+    pred = make_predictor("history", max_len=1000)
+    g_a, g_b = Group("a", 1, 4), Group("b", 1, 1)
+    s = Sample(uid=0, group=0, index=0, prompt_len=1, generated=50)
+    for n in (10, 20, 100, 200):
+        pred.observe(g_a, s, n)
+    assert pred.predict_outgrown(g_a, s) == 1000  # the rollout in progress does not count yet
+    pred.start_batch([g_a, g_b])
+    assert pred.predict_outgrown(g_a, s) == 150  # (100 + 200) / 2
+    assert pred.predict_outgrown(g_b, s) == 150  # unseen prompt: all prompts' lengths
+    s.generated = 200
+    assert pred.predict_outgrown(g_a, s) == 1000  # longer than anything seen: the worst case
+    pred.observe(g_b, s, 700)
+    pred.start_batch([g_b])
+    assert pred.predict_outgrown(g_a, s) == 700 and pred.predict_outgrown(g_b, s) == 700
+
+
+def test_history_keeps_the_spread_of_a_big_rollout():
+    from verl_infsample.core import Group, Sample
+
+    pred = make_predictor("history", max_len=5000)
+    g = Group("a", 1, 4000)
+    lengths = np.random.default_rng(0).geometric(1 / 300, 4000)
+    for n in lengths:
+        pred.observe(g, Sample(uid=0, group=0, index=0, prompt_len=1), int(n))
+    pred.start_batch([g])
+    for generated in (0, 300, 900):
+        s = Sample(uid=0, group=0, index=0, prompt_len=1, generated=generated)
+        true = lengths[lengths > generated].mean()
+        assert pred.predict_outgrown(g, s) == pytest.approx(true, rel=0.05)  # 256 kept of 4000: same spread
+
+
+def test_outgrown_predictions_avoid_preemptions_under_a_kv_budget(monkeypatch):
+    """Memoryless (geometric) lengths, as from a random-weights model: a sample that outlives the mean is as far from
+    its end as a fresh one. Projected to end at the next step, it lets admission overcommit; predicted from the
+    earlier lengths beyond it, it does not."""
+    from verl_infsample.core import Scheduler
+
+    def trace(seed):
+        rng = np.random.default_rng(seed)
+        return [TracePrompt(f"p{g}", 64, tuple(int(n) for n in np.minimum(256, rng.geometric(3 / 256, 128))))
+                for g in range(2)]
+
+    budget = KVBudget(16 * (64 + 256), block_size=16, max_running=64)
+
+    def run():
+        pred = make_predictor("history", max_len=256)
+        simulate(trace(1), "infinite", budget, pred, max_len=256)  # the previous epoch
+        return simulate(trace(0), "infinite", budget, pred, max_len=256)
+
+    repredicted = run()
+    monkeypatch.setattr(Scheduler, "_predict_outgrown", lambda self: None)
+    ends_next_step = run()
+    assert repredicted.preemptions <= ends_next_step.preemptions / 2
+    assert repredicted.decode_steps <= ends_next_step.decode_steps
 
 
 def test_noisy_predictions_do_not_depend_on_the_policy():

@@ -6,13 +6,15 @@ information a predictor answers ``max_len``, the worst case, which is also the s
 
 Optional hooks a predictor may have (the scheduler and engines call them only when present; features are plain
 numbers, so the core stays free of tensors): ``start_batch(groups)`` before a rollout is planned,
-``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens, and
-``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed).
+``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens,
+``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed),
+and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
+predicted length and goes on (read under a KV budget, where the admission projects running samples' growth).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Callable, Protocol
 
 import numpy as np
@@ -80,16 +82,25 @@ class NoInformationPredictor(_Stateless):
 class HistoryPredictor:
     """Per-prompt running mean of earlier rollouts, else the global mean, else ``max_len``.
 
-    GRPO revisits prompts across epochs, and a prompt's lengths correlate strongly from one visit to the next.
+    GRPO revisits prompts across epochs, and a prompt's lengths correlate strongly from one visit to the next. A
+    sample that outgrows its prediction is predicted the mean of earlier rollouts' lengths beyond what it has
+    generated (its prompt's, else all prompts'), not to end at the next step: long-tailed lengths (a runaway answer)
+    keep going, and admitting as if they ended at once overcommits the KV and preempts. Those lengths join the pool
+    only when their rollout is complete (``start_batch``): the samples that finish first are the short ones, so a
+    rollout in progress would bias it short.
     """
 
     name = "history"
+    KEPT_PER_PROMPT = 256  # lengths kept per prompt (and 16x that over all prompts) for ``predict_outgrown``
 
     def __init__(self, max_len: int):
         self.max_len = max_len
         self._sum: dict[str, float] = defaultdict(float)
         self._count: dict[str, int] = defaultdict(int)
         self._global_sum, self._global_count = 0.0, 0
+        self._lengths: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=self.KEPT_PER_PROMPT))
+        self._all_lengths: deque[int] = deque(maxlen=16 * self.KEPT_PER_PROMPT)
+        self._this_batch: dict[str, list[int]] = defaultdict(list)  # finished in the rollout in progress
 
     def predict(self, group: Group, sample: Sample) -> float:
         if self._count.get(group.prompt_id):
@@ -103,6 +114,27 @@ class HistoryPredictor:
         self._count[group.prompt_id] += 1
         self._global_sum += length
         self._global_count += 1
+        self._this_batch[group.prompt_id].append(length)
+
+    def start_batch(self, groups) -> None:
+        """The previous rollout is complete: its lengths join the pools, at most the pool's size of them per prompt
+        (and 16x over all), evenly spread over their sorted values so that the pool keeps their distribution."""
+        if not self._this_batch:
+            return
+        for prompt_id, lengths in self._this_batch.items():
+            self._lengths[prompt_id].extend(_spread(lengths, self.KEPT_PER_PROMPT))
+        self._all_lengths.extend(_spread([n for ls in self._this_batch.values() for n in ls],
+                                         self._all_lengths.maxlen))
+        self._this_batch.clear()
+
+    def predict_outgrown(self, group: Group, sample: Sample) -> float:
+        """Mean of the kept lengths beyond ``sample.generated`` (its prompt's, else all), else ``max_len``."""
+        for kept in (self._lengths.get(group.prompt_id, ()), self._all_lengths):
+            longer = np.fromiter(kept, dtype=np.int64, count=len(kept))
+            longer = longer[longer > sample.generated]
+            if len(longer):
+                return float(longer.mean())
+        return float(self.max_len)
 
 
 PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {
@@ -130,6 +162,14 @@ def _learned(arg: str, max_len: int) -> LengthPredictor:
     from ..predict.learned import parse_learned_spec  # numpy only; lives outside the core, which it builds on
 
     return parse_learned_spec(arg, max_len)
+
+
+def _spread(values: list[int], k: int) -> list[int]:
+    """At most ``k`` of ``values``, evenly spaced over their sorted order (a size-``k`` summary of their spread)."""
+    ordered = sorted(values)
+    if len(ordered) <= k:
+        return ordered
+    return [ordered[(2 * i + 1) * len(ordered) // (2 * k)] for i in range(k)]
 
 
 def _float_arg(name: str, arg: str) -> float:

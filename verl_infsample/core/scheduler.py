@@ -79,6 +79,9 @@ class Scheduler:
         # the SJF refill of what the planned head cannot use); under slots, where any sample fits a free slot, a
         # waiting sample's prediction is refreshed once, when it is admitted, not each time a sibling finishes.
         self._refresh_waiting_eagerly = isinstance(capacity, KVBudget)
+        # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
+        self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
+                                    and hasattr(predictor, "predict_outgrown"))
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
         self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
                                   if self.refines_predictions else frozenset())
@@ -115,6 +118,14 @@ class Scheduler:
         changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+
+    def _predict_outgrown(self) -> None:
+        """Running samples that reached their predicted length and go on get the predictor's new estimate (otherwise
+        the projection has them end at the next step and admits into memory they will still grow into)."""
+        for s in self.running:
+            if s.generated >= s.predicted_len:
+                s.predicted_len = max(s.generated + 1.0, min(float(self.max_len),
+                                                             self.predictor.predict_outgrown(self.groups[s.group], s)))
 
     def _predicted_len(self, s: Sample) -> float:
         return float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
@@ -172,6 +183,8 @@ class Scheduler:
         return self._finished == len(self.samples)
 
     def admit(self) -> list[Sample]:
+        if self._repredict_outgrown:
+            self._predict_outgrown()
         if self.policy.ignores_capacity:
             fits = lambda s: True  # noqa: E731
         else:

@@ -132,6 +132,7 @@ class LearnedPredictor:
         """A new rollout: per-batch state (siblings, in-flight samples) starts empty; persist what was learned."""
         self._groups = {g.prompt_id: self._new_context(g) for g in groups}
         self._live = {}
+        self.history.start_batch(groups)
         self._update_drift()
         if self.state_path is not None and self.observed > self._saved_at:
             self.save(self.state_path)
@@ -173,6 +174,10 @@ class LearnedPredictor:
         live.snapshots.append((ci, feature_vector(ctx, window, self._opening_mean(ci, live.opening))))
         live.generated, live.cached = n, None
         return True
+
+    def predict_outgrown(self, group: Group, sample: Sample) -> float:
+        """Past its prediction a sample is predicted as ``history`` does (earlier lengths beyond what it has)."""
+        return self.history.predict_outgrown(group, sample)
 
     def observe(self, group: Group, sample: Sample | None, length: int) -> None:
         """A sample finished with ``length`` tokens: label its snapshots, update history and its siblings' context."""
