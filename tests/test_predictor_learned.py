@@ -130,6 +130,9 @@ def test_save_load_warm_start_and_mismatch(tmp_path):
         pred.start_batch([g])
     s = Sample(uid=0, group=0, index=0, prompt_len=trace[0].prompt_len)
     assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)
+    s.generated = 30  # the earlier lengths kept for a sample past its prediction come back too
+    assert warm.predict_outgrown(g, s) == p.predict_outgrown(g, s) < 200
+    s.generated = 0
     window = TokenWindow(trace[0].tokens[0][:4])
     assert warm.observe_tokens(g, s, window) and p.observe_tokens(g, s, window)
     assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)

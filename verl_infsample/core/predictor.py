@@ -127,6 +127,20 @@ class HistoryPredictor:
                                          self._all_lengths.maxlen))
         self._this_batch.clear()
 
+    def state(self) -> dict:
+        """What ``load_state`` restores (plain JSON types): the means' sums and the kept lengths."""
+        return {"sum": dict(self._sum), "count": dict(self._count), "global_sum": self._global_sum,
+                "global_count": self._global_count, "lengths": {k: list(v) for k, v in self._lengths.items()},
+                "all_lengths": list(self._all_lengths)}
+
+    def load_state(self, state: dict) -> None:
+        self._sum.update(state["sum"])
+        self._count.update(state["count"])
+        self._global_sum, self._global_count = state["global_sum"], state["global_count"]
+        for prompt_id, lengths in state.get("lengths", {}).items():  # (states saved before session 6 have none)
+            self._lengths[prompt_id].extend(lengths)
+        self._all_lengths.extend(state.get("all_lengths", []))
+
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """Mean of the kept lengths beyond ``sample.generated`` (its prompt's, else all), else ``max_len``."""
         for kept in (self._lengths.get(group.prompt_id, ()), self._all_lengths):

@@ -323,8 +323,7 @@ class LearnedPredictor:
         meta = {"version": STATE_VERSION, "dim": DIM, "checkpoints": list(self.checkpoints), "observed": self.observed,
                 "history_log": self._history_log,
                 "openings": [[[list(key), stat] for key, stat in table.items()] for table in self._openings],
-                "history": {"sum": dict(self.history._sum), "count": dict(self.history._count),
-                            "global_sum": self.history._global_sum, "global_count": self.history._global_count}}
+                "history": self.history.state()}
         for ci in range(len(self.checkpoints)):
             self._fold(ci)
         tmp = path.with_name(path.name + ".tmp.npz")
@@ -358,10 +357,7 @@ class LearnedPredictor:
         self.observed = self._saved_at = int(meta["observed"])
         self._history_log = {k: list(v) for k, v in meta["history_log"].items()}
         self._openings = [{tuple(key): list(stat) for key, stat in table} for table in meta["openings"]]
-        h = meta["history"]
-        self.history._sum.update(h["sum"])
-        self.history._count.update(h["count"])
-        self.history._global_sum, self.history._global_count = h["global_sum"], h["global_count"]
+        self.history.load_state(meta["history"])
 
 
 def parse_learned_spec(arg: str, max_len: int) -> LearnedPredictor:
