@@ -24,7 +24,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class InfiniteRolloutSettings:
     engine: str = "transformers"  # transformers (any device, CPU included) | vllm (VLLMEngine; needs vLLM installed)
-    policy: str = "infinite"  # full | naive | continuous | lpt | infinite (oracle needs true lengths: not here)
+    policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
     predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned)
