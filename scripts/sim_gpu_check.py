@@ -28,24 +28,28 @@ def geometric_trace(n: int, seed: int) -> list[TracePrompt]:
             for g in range(2)]
 
 
+def compare(n: int) -> list[dict]:
+    """One row per policy for rollout.n = ``n``."""
+    budget = PagedKVBudget(KV_SEQS * (PROMPT + MAX_NEW) // BLOCK, BLOCK, max_running=MAX_RUNNING)
+    trace, rows = geometric_trace(n, seed=0), []
+    for policy, predictor in (("plain", "none"), ("oracle", "oracle"), ("infinite", "history")):
+        pred = make_predictor(predictor, max_len=MAX_NEW)
+        if predictor == "history":
+            simulate(geometric_trace(n, seed=1), policy, budget, pred, max_len=MAX_NEW)  # the previous epoch
+        r = simulate(trace, policy, budget, pred, max_len=MAX_NEW)
+        rows.append({"n": n, "policy": policy, "predictor": r.predictor, "decode_steps": r.decode_steps,
+                     "lower_bound_steps": r.lower_bound_steps, "preemptions": r.preemptions,
+                     "recompute_tokens": r.recompute_tokens, "peak_active": r.peak_active,
+                     "plan_ms": round(r.plan_ms)})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, action="append", help="rollout.n (repeatable; default 32 256 1024)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    budget = PagedKVBudget(KV_SEQS * (PROMPT + MAX_NEW) // BLOCK, BLOCK, max_running=MAX_RUNNING)
-    rows = []
-    for n in args.n or [32, 256, 1024]:
-        trace = geometric_trace(n, seed=0)
-        for policy, predictor in (("plain", "none"), ("oracle", "oracle"), ("infinite", "history")):
-            pred = make_predictor(predictor, max_len=MAX_NEW)
-            if predictor == "history":
-                simulate(geometric_trace(n, seed=1), policy, budget, pred, max_len=MAX_NEW)  # the previous epoch
-            r = simulate(trace, policy, budget, pred, max_len=MAX_NEW)
-            rows.append({"n": n, "policy": policy, "predictor": r.predictor, "decode_steps": r.decode_steps,
-                         "lower_bound_steps": r.lower_bound_steps, "preemptions": r.preemptions,
-                         "recompute_tokens": r.recompute_tokens, "peak_active": r.peak_active,
-                         "plan_ms": round(r.plan_ms)})
+    rows = [row for n in args.n or [32, 256, 1024] for row in compare(n)]
     print(json.dumps(rows, indent=1) if args.json else format_table(rows, list(rows[0])))
 
 
