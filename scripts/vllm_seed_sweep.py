@@ -6,7 +6,8 @@ plain run: same seeds, same tokens), `infinite` with `history` and with `learned
 another seed, then learning across the seeds in turn, as in training). Prints one JSON object per seed (engine
 steps, vLLM preemptions, core preemptions, computed tokens) and a table of the means.
 
-    .venv-vllm/bin/python scripts/vllm_seed_sweep.py --group-size 8 --seeds 8 [--blocks 20] [--json]
+    .venv-vllm/bin/python scripts/vllm_seed_sweep.py --group-size 8 --seeds 8 [--blocks 20] [--json] [--plot F.png]
+    python scripts/vllm_seed_sweep.py --plot-from LOG [LOG ...] --plot F.png   # redraw earlier runs' output
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=20, help="vLLM KV blocks of 32 tokens (block 0 is vLLM's null block)")
     p.add_argument("--model", default=None, help="model folder (default: the cached tiny model)")
     p.add_argument("--json", action="store_true", help="print only the JSON list of per-seed rows")
+    p.add_argument("--plot", help="draw every run's steps relative to plain's, per seed, to this PNG")
+    p.add_argument("--plot-from", nargs="+", metavar="LOG", help="draw from earlier runs' output (no vLLM needed)")
     args = p.parse_args()
+    if args.plot_from:
+        if not args.plot:
+            p.error("--plot-from needs --plot FILE.png")
+        plot(args.plot, [row for log in args.plot_from for row in read_rows(log)])
+        return
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_env"))
     import vllm_cases  # the engine tests' prompts and sampling parameters
@@ -69,6 +77,8 @@ def main() -> None:
         rows.append(row)
         if not args.json:
             print(json.dumps(row), flush=True)
+    if args.plot:
+        plot(args.plot, rows)
     if args.json:
         print(json.dumps(rows))
         return
@@ -76,6 +86,29 @@ def main() -> None:
               "seeds_with_no_more_steps_than_plain": sum(r[run]["steps"] <= r["plain"]["steps"] for r in rows)}
              for run in RUNS]
     print(format_table(table, list(table[0])))
+
+
+def read_rows(log: str) -> list[dict]:
+    """The per-seed JSON rows in an earlier run's output (other lines, e.g. vLLM's log, are skipped)."""
+    rows = []
+    for line in Path(log).read_text().splitlines():
+        if line.startswith('{"group_size"'):
+            rows.append(json.loads(line))
+        elif line.startswith('[{"group_size"'):  # a --json run
+            rows.extend(json.loads(line))
+    if not rows:
+        raise SystemExit(f"{log}: no per-seed rows (lines starting with {{\"group_size\"}})")
+    return rows
+
+
+def plot(path: str, rows: list[dict]) -> None:
+    from verl_infsample.plots import plot_seed_sweep
+
+    panels: dict[str, list[dict]] = {}
+    for r in rows:
+        panels.setdefault(f"G={r['group_size']}, {r['blocks']} KV blocks", []).append(r)
+    plot_seed_sweep(panels, RUNS, path)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

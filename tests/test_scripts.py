@@ -1,0 +1,45 @@
+"""The measurement scripts in scripts/: the figures the README quotes from them, and their plots."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_simulated_gpu_check_at_rollout_n_1024():
+    """scripts/sim_gpu_check.py's row the README quotes: under memoryless lengths, knowing them (oracle) beats verl's
+    plain submission without a preemption, and history-based infinite preempts far less than plain."""
+    rows = {r["policy"]: r for r in _script("sim_gpu_check").compare(1024)}
+    plain, oracle, infinite = rows["plain"], rows["oracle"], rows["infinite"]
+    assert plain["preemptions"] > 1000 and oracle["preemptions"] == 0
+    assert oracle["decode_steps"] < plain["decode_steps"]
+    assert infinite["preemptions"] < plain["preemptions"] / 3
+    assert infinite["recompute_tokens"] < plain["recompute_tokens"] / 3
+
+
+def test_the_seed_sweep_redraws_earlier_output(tmp_path, monkeypatch):
+    """vllm_seed_sweep.py --plot-from: the per-seed rows of earlier runs (vLLM's log lines in between) become the
+    README's picture, without vLLM."""
+    import sys
+
+    runs = ("plain", "oracle", "history", "learned")
+    log = tmp_path / "sweep.log"
+    lines = ["INFO vLLM says something"]
+    for seed, steps in enumerate([(100, 96, 130, 110), (120, 125, 140, 118)]):
+        lines.append(json.dumps({"group_size": 8, "blocks": 20, "seed": seed,
+                                 **{run: {"steps": n, "vllm_preemptions": 0} for run, n in zip(runs, steps)}}))
+    log.write_text("\n".join(lines) + "\n")
+    module = _script("vllm_seed_sweep")
+    assert [r["seed"] for r in module.read_rows(str(log))] == [0, 1]
+    png = tmp_path / "sweep.png"
+    monkeypatch.setattr(sys, "argv", ["vllm_seed_sweep.py", "--plot-from", str(log), "--plot", str(png)])
+    module.main()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
