@@ -88,9 +88,15 @@ class KVBudget:
                 f"({max_len}) needs {need} {self.unit}; raise {self.raise_what} to at least that")
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
-        if self.max_running is not None and ledger.num_running >= self.max_running:
-            return False
-        return ledger.projected_peak_tokens(extra=sample, block_size=self.block_size) <= self.tokens
+        """The running set's projected peak, ``sample`` included, fits (and the engine's cap on running samples)."""
+        return self._below_max_running(ledger) and self.projected_peak(sample, ledger) <= self.limit
+
+    def projected_peak(self, sample: Sample, ledger: Ledger) -> int:
+        """Peak use of the running set plus ``sample`` if each ends at its predicted length, in ``limit``'s unit."""
+        return ledger.projected_peak_tokens(extra=sample, block_size=self.block_size)
+
+    def _below_max_running(self, ledger: Ledger) -> bool:
+        return self.max_running is None or ledger.num_running < self.max_running
 
     def own(self, prompt_len: int, generated):
         """What a sample that has generated ``generated`` tokens (a number or an array) holds of its own in the step
@@ -105,9 +111,7 @@ class KVBudget:
 
     def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
         """Admission without reserving growth (the ``plain`` baseline): the next step, ``sample`` included, fits."""
-        if self.max_running is not None and ledger.num_running >= self.max_running:
-            return False
-        return self.in_use([*ledger.running, sample]) <= self.limit
+        return self._below_max_running(ledger) and self.in_use([*ledger.running, sample]) <= self.limit
 
     def overflows(self, ledger: Ledger) -> bool:
         """Would the next decode step (one token per running sample) exceed the budget?"""
@@ -202,10 +206,8 @@ class PagedKVBudget(KVBudget):
         prompts = sum(shared[g] * (at < end) for g, end in group_end.items())
         return int(np.max(own + prompts))
 
-    def admits(self, sample: Sample, ledger: Ledger) -> bool:
-        if self.max_running is not None and ledger.num_running >= self.max_running:
-            return False
-        return self.projected_peak_blocks([*ledger.running, sample]) <= self.blocks
+    def projected_peak(self, sample: Sample, ledger: Ledger) -> int:
+        return self.projected_peak_blocks([*ledger.running, sample])
 
     def __str__(self) -> str:
         return f"kv_budget={self.blocks} blocks of {self.block_size} tokens"

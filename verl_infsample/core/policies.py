@@ -231,12 +231,12 @@ class InfiniteSamplingPolicy(Policy):
         if head is None:
             return None
         gate = None
-        if self._start is not None and head.uid not in self._backfilled and self._on_plan(now):
+        if self._planned(head) and self._on_plan(now):
             gate = self._gate(head)  # on plan: planned starts keep their gaps. Ahead of it (samples ended early)
             # the next start comes forward; behind it (samples outran their predictions) the plan's timing no
             # longer holds: either way, admit what fits
         if (gate is None or now >= gate) and fits(head):
-            if self._start is not None and head.uid not in self._backfilled:
+            if self._planned(head):
                 self._anchor = (self._start[head.uid], now)
                 self._in_flight += 1
             return self.queue.popleft()
@@ -245,9 +245,13 @@ class InfiniteSamplingPolicy(Policy):
             return None
         if gate is not None and now + s.remaining_predicted() > gate:
             return None  # it would still hold KV the head's plan counts on
-        if self._start is not None and s.uid not in self._backfilled:
+        if self._planned(s):
             self._leave_plan(s)
         return heapq.heappop(self._shortest)[-1]
+
+    def _planned(self, s: Sample) -> bool:
+        """``s`` follows a skyline plan (there is one, and ``s`` has not left it by backfill)."""
+        return self._start is not None and s.uid not in self._backfilled
 
     def _leave_plan(self, s: Sample) -> None:
         """``s`` runs now, outside the plan (backfill), and stays outside it until it finishes (also if it is
@@ -273,7 +277,7 @@ class InfiniteSamplingPolicy(Policy):
     def requeue(self, sample: Sample) -> None:
         super().requeue(sample)
         heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
-        if self._start is not None and sample.uid not in self._backfilled:
+        if self._planned(sample):
             self._in_flight -= 1  # (a backfilled one was never counted on plan, and stays off it)
 
     def predictions_changed(self, waiting: list[Sample]) -> None:
