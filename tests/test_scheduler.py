@@ -218,3 +218,29 @@ def test_noisy_predictions_do_not_depend_on_the_policy():
     assert [s.predicted_len for s in a.samples] != [s.predicted_len for s in c.samples]
     ratios = np.array([s.predicted_len / s.true_len for s in a.samples])
     assert 0.1 < np.std(np.log(ratios)) < 0.6
+
+
+def test_slot_plan_interleaves_groups_within_a_chunk_and_keeps_chunks_apart():
+    """Under M slots ``infinite`` plans chunks of groups with the FPTAS: within a chunk the long samples of every
+    group go first (the short ones are kept for the tail, where lanes must end together); a chunk holds as many
+    groups as keep their prompts within OPEN_PROMPT_SHARE of the lanes' KV, so a batch of long prompts is planned
+    group after group and the open prompts stay bounded."""
+    from verl_infsample.core.policies import OPEN_PROMPT_SHARE, chunk_groups
+
+    assert chunk_groups([3, 1, 2, 0], [10, 10, 10, 10], 25) == [[3, 1], [2, 0]]
+    assert chunk_groups([0, 1], [50, 5], 25) == [[0], [1]]  # a prompt over the allowance still gets its chunk
+    lengths = [[100, 100, 5, 5, 5, 5], [90, 90, 5, 5, 5, 5]]
+    trace = [TracePrompt(f"p{g}", 8, tuple(ls)) for g, ls in enumerate(lengths)]
+    res, sched = simulate(trace, "oracle", SlotPool(2), max_len=100, return_scheduler=True)
+    starts = {s.key: s.admitted_at for s in sched.samples}
+    assert res.plan["plan_chunks"] == 1
+    assert max(starts[(g, i)] for g in (0, 1) for i in (0, 1)) < min(starts[(g, i)] for g in (0, 1)
+                                                                       for i in range(2, 6))  # all long ones first
+    assert res.decode_steps == res.lower_bound_steps
+    # prompts as long as the lanes hold: one group per chunk, and the first group ends before the second starts
+    long_prompts = [TracePrompt(f"p{g}", int(2 * 100 * OPEN_PROMPT_SHARE) + 1, tuple(ls))
+                    for g, ls in enumerate(lengths)]
+    res, sched = simulate(long_prompts, "oracle", SlotPool(2), max_len=100, return_scheduler=True)
+    assert res.plan["plan_chunks"] == 2
+    first, second = sched.samples[:6], sched.samples[6:]
+    assert max(s.admitted_at for s in first) <= min(s.admitted_at for s in second)

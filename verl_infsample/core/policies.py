@@ -10,7 +10,8 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
 ``continuous`` a freed slot is refilled at once, first come first served, across groups
 ``lpt``        continuous refill, longest predicted sample first (a strong makespan heuristic)
 ``infinite``   with M slots: the global FPTAS plan over predicted lengths (see ``fptas``), admitted in
-               planned start order. Under a KV budget: the memory-skyline plan (see ``skyline``), each
+               planned start order; groups are planned together in chunks whose prompts stay within
+               ``OPEN_PROMPT_SHARE`` of the lanes' KV (all of a small batch). Under a KV budget: the memory-skyline plan (see ``skyline``), each
                sample at its planned step, keeping the planned gaps; a sample that ends before the next
                planned start may go first (backfill; it then leaves the plan, which stops counting it
                at its planned steps). Batches too big for the skyline: groups kept
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from typing import Callable
 
@@ -145,6 +147,23 @@ class FullGroupPolicy(MicroGroupPolicy):
         super().__init__(round_size=None)
 
 
+OPEN_PROMPT_SHARE = 0.25  # under M slots: the prompts of a plan chunk's groups, against the lanes' KV at its fullest
+
+
+def chunk_groups(groups: list[int], prompt_lens: list[int], allowance: float) -> list[list[int]]:
+    """``groups`` in order, cut into consecutive chunks whose prompt tokens stay within ``allowance`` (a chunk has
+    at least one group)."""
+    chunks: list[list[int]] = []
+    held = math.inf
+    for g, p in zip(groups, prompt_lens):
+        if held + p > allowance:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(g)
+        held += p
+    return chunks
+
+
 class InfiniteSamplingPolicy(Policy):
     """Global plan (FPTAS over M slots; memory skyline under a KV budget), planned-order admission, then refill as
     predictions meet reality: SJF refill of what the planned head cannot use, or, with a skyline plan, backfill of
@@ -158,11 +177,14 @@ class InfiniteSamplingPolicy(Policy):
         self._info: dict = {}
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
-        """Under M slots: groups one after another (each group in flight holds its prompt's KV, so few should be
-        open at once), longest predicted group first, samples longest first within a group. The last group forms
-        the tail, where the lanes must end together: its samples follow the FPTAS plan's start order (with one
-        group, B=1 as in the paper, that is the whole plan). Under a KV budget: the skyline plan, or for batches
-        too big for it, longest first throughout, groups kept together (it packs the budget)."""
+        """Under M slots: the FPTAS plan (planned start order, longest first at equal starts) over chunks of groups,
+        one chunk after another. Within a chunk the samples of its groups interleave, so a predictor that tells
+        samples apart (``learned`` with the first-token lookahead) gets its long samples started first wherever
+        they are and its short ones kept for the tail, where the lanes must end together. A group holds its
+        prompt's KV from its first start to its last end, so a chunk is as many groups, longest predicted first,
+        as keep their prompts within ``OPEN_PROMPT_SHARE`` of what the lanes hold at their fullest (one chunk
+        for small batches; B=1 as in the paper: the one group). Under a KV budget: the skyline plan, or for
+        batches too big for it, longest first throughout, groups kept together (it packs the budget)."""
         self._tiebreak = itertools.count()
         self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
         heapq.heapify(self._shortest)
@@ -186,22 +208,27 @@ class InfiniteSamplingPolicy(Policy):
                 self._info = {"plan_method": "skyline", "plan_lanes": lanes, "planned_steps": sky.makespan,
                               "plan_pacing": sky.pacing, "plan_paced_quantile": sky.quantile}
                 return
-        by_group: dict[int, list[int]] = {}
+        by_group: dict[int, np.ndarray] = {}
         for i, s in enumerate(samples):
             by_group.setdefault(s.group, []).append(i)
+        by_group = {g: np.array(members) for g, members in by_group.items()}
         group_order = sorted(by_group, key=lambda g: (-predicted[by_group[g]].max(), g))
+        if memory is not None:
+            order = [i for g in group_order for i in by_group[g][np.argsort(-predicted[by_group[g]], kind="stable")]]
+            self._info = {"plan_method": "group-major", "plan_lanes": lanes}
+            self.queue = deque(samples[i] for i in order)
+            return
+        allowance = OPEN_PROMPT_SHARE * lanes * float(predicted.max(initial=1.0))
+        chunks = chunk_groups(group_order, [samples[by_group[g][0]].prompt_len for g in group_order], allowance)
         order, methods, worst = [], set(), 0.0
-        for g in group_order:
-            members = np.array(by_group[g])
-            if memory is not None or g != group_order[-1]:
-                order.extend(members[np.argsort(-predicted[members], kind="stable")])
-                continue
+        for chunk in chunks:
+            members = np.concatenate([by_group[g] for g in chunk])
             schedule = fptas_schedule(predicted[members], min(lanes, len(members)), self.fptas_eps)
             order.extend(members[np.lexsort((-predicted[members], schedule.start))])  # planned start, longest first
             methods.add(schedule.method)
             worst = max(worst, schedule.eps_guaranteed)
-        self._info = {"plan_method": "group-major" + (f"+{'/'.join(sorted(methods))}" if methods else ""),
-                      "plan_lanes": lanes, **({"plan_eps_guaranteed": worst} if methods else {})}
+        self._info = {"plan_method": "/".join(sorted(methods)), "plan_lanes": lanes, "plan_chunks": len(chunks),
+                      "plan_eps_guaranteed": worst}
         self.queue = deque(samples[i] for i in order)
 
     def _head(self) -> Sample | None:
