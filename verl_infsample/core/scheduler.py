@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +36,8 @@ class SchedulerStats:
     peak_active: int = 0
     peak_kv_tokens: int = 0
     total_tokens: int = 0
-    predict_ms: float = 0.0  # length predictions for the whole batch
+    predict_ms: float = 0.0  # length predictions for the whole batch (first-token lookahead included)
+    lookahead_prefills: int = 0  # prompt passes spent drawing first tokens before the plan (one per group)
     plan_ms: float = 0.0  # the policy's global plan (FPTAS, sorting), predictions excluded
     refine_ms: float = 0.0  # a refining predictor's work while decoding: token features, learning, sibling updates
     # (decode step, KV tokens in use) after every step and every change of the running set: memory over time
@@ -46,9 +47,15 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, groups: list[Group], policy: Policy, capacity: Capacity, predictor: LengthPredictor,
                  max_len: int, true_lengths: list[list[int]] | None = None,
-                 prompt_tokens: list[Sequence[int] | None] | None = None):
+                 prompt_tokens: list[Sequence[int] | None] | None = None,
+                 first_tokens: Callable[[list[Sample]], list] | None = None):
         """``prompt_tokens``: each group's prompt ids where the engine has them, for a predictor that reads prompts
-        (its ``observe_prompt`` hook, called before the plan)."""
+        (its ``observe_prompt`` hook, called before the plan). ``first_tokens``: the engine's first-token lookahead,
+        called before the plan when the predictor asks for it (``plans_on_first_token``): every sample's first token
+        as a one-token window (e.g. ``predict.TokenWindow``). A group's prompt pass yields the logits of all its
+        samples' first tokens, and each sample's random stream fixes which it draws, so one pass per group tells
+        the predictor how every sample opens (a direct answer or "let me think step by step") before any of them
+        holds a slot: the plan can then order samples *within* a group, not just groups."""
         if max_len < 1:
             raise ValueError(f"max_len (response length) must be >= 1, got {max_len}")
         self.groups, self.policy, self.capacity, self.predictor = groups, policy, capacity, predictor
@@ -92,7 +99,22 @@ class Scheduler:
                     predictor.observe_prompt(g.prompt_id, [int(t) for t in tokens])
         if hasattr(predictor, "start_batch"):
             predictor.start_batch(groups)
+        self.lookahead = (first_tokens is not None and self.refines_predictions
+                          and getattr(predictor, "plans_on_first_token", False))
+        if self.lookahead:
+            self._look_ahead(first_tokens)
         self._plan()
+
+    def _look_ahead(self, first_tokens: Callable[[list[Sample]], list]) -> None:
+        t0 = time.perf_counter()
+        windows = first_tokens(self.samples)
+        if len(windows) != len(self.samples):
+            raise RuntimeError(f"first_tokens returned {len(windows)} windows for {len(self.samples)} samples")
+        for s, window in zip(self.samples, windows):
+            self.predictor.observe_tokens(self.groups[s.group], s, window)
+        self.token_checkpoints -= {1}  # every sample's first token is known now: no need to report it again
+        self.stats.lookahead_prefills = len(self.groups)
+        self.stats.predict_ms += (time.perf_counter() - t0) * 1e3
 
     # --- plan -------------------------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -104,7 +126,7 @@ class Scheduler:
             1, len(self.samples))
         self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint),
                          memory=self.capacity if isinstance(self.capacity, KVBudget) else None)
-        self.stats.predict_ms = (t1 - t0) * 1e3
+        self.stats.predict_ms += (t1 - t0) * 1e3
         self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
 
     # --- refining predictions while decoding -------------------------------------------------------------------
@@ -300,10 +322,12 @@ class Scheduler:
 def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: str | LengthPredictor,
                     max_len: int, *, seed: int = 0, fptas_eps: float = 0.02,
                     true_lengths: list[list[int]] | None = None,
-                    prompt_tokens: list[Sequence[int] | None] | None = None) -> Scheduler:
+                    prompt_tokens: list[Sequence[int] | None] | None = None,
+                    first_tokens: Callable[[list[Sample]], list] | None = None) -> Scheduler:
     """A ``Scheduler`` for a policy by name and a predictor by spec (or an instance, e.g. one that learns across
     rollouts); a policy that brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
     pol = make_policy(policy, slots=capacity.slots if isinstance(capacity, SlotPool) else None, fptas_eps=fptas_eps)
     spec = pol.forced_predictor or predictor
     pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
-    return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens)
+    return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens,
+                     first_tokens=first_tokens)

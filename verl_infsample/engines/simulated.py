@@ -76,24 +76,28 @@ class ReplayEngine(SimulatedEngine):
                              "generated ids of every sample (see core/trace.py)")
         self.trace = trace
 
-    def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
+    def window(self, s: Sample, n: int):
+        """Sample ``s``'s first ``n`` tokens from the trace, as a live engine reports them (a ``TokenWindow``)."""
         from ..predict.features import TokenWindow
 
+        p, i = self.trace[s.group], s.index
+        return TokenWindow(p.tokens[i][:n], None if p.logprobs is None else p.logprobs[i][:n],
+                           math.nan if p.entropies is None else p.entropies[i][n - 1],
+                           math.nan if p.stop_logprobs is None else p.stop_logprobs[i][n - 1])
+
+    def first_tokens(self, samples: list[Sample]) -> list:
+        """The first-token lookahead (``Scheduler(first_tokens=...)``): each sample's first token from the trace."""
+        return [self.window(s, 1) for s in samples]
+
+    def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         finished, steps = super().step(sched)
         ahead = [c - s.generated for s in sched.running for c in sched.token_checkpoints
                  if 0 < c - s.generated <= steps and c <= s.true_len]
         if ahead and min(ahead) < steps:  # stop at the earliest checkpoint instead
             steps = min(ahead)
             finished = [s for s in sched.running if s.generated + steps >= s.true_len]
-        reports = []
-        for s in sched.running:
-            n = s.generated + steps
-            if n in sched.token_checkpoints and n <= s.true_len:
-                p, i = self.trace[s.group], s.index
-                reports.append((s, TokenWindow(
-                    p.tokens[i][:n], None if p.logprobs is None else p.logprobs[i][:n],
-                    math.nan if p.entropies is None else p.entropies[i][n - 1],
-                    math.nan if p.stop_logprobs is None else p.stop_logprobs[i][n - 1])))
+        reports = [(s, self.window(s, s.generated + steps)) for s in sched.running
+                   if s.generated + steps in sched.token_checkpoints and s.generated + steps <= s.true_len]
         if reports:
             sched.observe_tokens(reports)
         return finished, steps
@@ -135,12 +139,13 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     if longest > max_len:
         raise ValueError(f"max_len={max_len} is shorter than the longest sample in the trace ({longest})")
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
+    replay = ReplayEngine(trace, prefill_chunk) if all(p.tokens is not None for p in trace) else None
     sched = build_scheduler(groups, policy, capacity, predictor, max_len, seed=seed, fptas_eps=fptas_eps,
-                            true_lengths=[list(p.lengths) for p in trace], prompt_tokens=[p.prompt_tokens for p in trace])
+                            true_lengths=[list(p.lengths) for p in trace], prompt_tokens=[p.prompt_tokens for p in trace],
+                            first_tokens=replay.first_tokens if replay else None)
     pol, pred = sched.policy, sched.predictor
-    replay = sched.refines_predictions and all(p.tokens is not None for p in trace)
-    run_rollout(ReplayEngine(trace, prefill_chunk) if replay else SimulatedEngine(prefill_chunk), sched,
-                on_step=on_step)
+    engine = replay if replay is not None and sched.refines_predictions else SimulatedEngine(prefill_chunk)
+    run_rollout(engine, sched, on_step=on_step)
     st: SchedulerStats = sched.stats
     bound = _lower_bound_steps(trace, capacity, pol)
     result = SimulationResult(

@@ -3,7 +3,9 @@
 Step-level batched decoding over the running set the scheduler hands it:
 
 * a group's prompt is prefilled once; its KV blocks are shared by every sample of the group until the last ends;
-* a sample's first token is drawn from the group's cached last-prompt logits (no forward pass);
+* a sample's first token is drawn from the group's cached last-prompt logits (no forward pass); for a predictor
+  that plans on it (``learned``), every sample's first token is drawn before the plan, one prompt pass per group
+  (the first-token lookahead: ``Scheduler(first_tokens=...)``), and emitted unchanged when the sample starts;
 * each step feeds every running sample its last token in one batched forward pass, rows padded only to this
   step's longest context; a finished sample frees its blocks and the scheduler refills the slot at once;
 * attention runs through the model's own attention code (sdpa/eager) over a paged KV store (``kv_blocks``), passed
@@ -26,6 +28,10 @@ from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
 from .sampling import SamplingParams, distribution_stats, sample_stream, sample_tokens
+
+
+_LOOKAHEAD_ROWS = 64  # samples drawn together by the first-token lookahead
+_SPENT_STREAM = np.random.Generator(np.random.PCG64(0))  # stands in for a stream whose first draw is made already
 
 
 @dataclass
@@ -96,15 +102,18 @@ class TransformersEngine:
             capacity = KVBudget(capacity.tokens, block_size=self.pool.block_size)
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
-        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
-                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts)
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+        self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
+                                               is None else int(stream_indices[s.group][s.index]))
+        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
+                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts,
+                                first_tokens=self._first_tokens)
         for s in sched.samples:
-            key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
-            s.payload.update(tokens=[], logprobs=[], blocks=[],
-                             rng=sample_stream(params.seed, groups[s.group].prompt_id, key))
+            s.payload.update(tokens=[], logprobs=[], blocks=[])
+            if "rng" not in s.payload:  # (the lookahead made it already)
+                s.payload["rng"] = self._stream(s)
         try:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:
@@ -148,7 +157,13 @@ class TransformersEngine:
             if out is not None:
                 rows[feeding] = out
         params = self._params
-        tokens, logprobs, logp = sample_tokens(rows, params, [s.payload["rng"] for s in running], with_logp=True)
+        drawn = [i for i, s in enumerate(running) if not s.payload["tokens"] and "first" in s.payload]
+        rngs = [s.payload["rng"] for s in running]
+        for i in drawn:  # drawn by the lookahead already: its stream has moved past its first token
+            rngs[i] = _SPENT_STREAM
+        tokens, logprobs, logp = sample_tokens(rows, params, rngs, with_logp=True)
+        for i in drawn:
+            tokens[i], logprobs[i] = running[i].payload.pop("first")
         finished = []
         for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
@@ -194,6 +209,35 @@ class TransformersEngine:
         return loaded
 
     # --- internals -------------------------------------------------------------------------------------------------
+    def _first_tokens(self, samples: list[Sample]) -> list:
+        """The first-token lookahead: each group's prompt passes once (its KV freed again: the group is prefilled
+        for real when its first sample starts), and every sample draws its first token from those logits with its
+        own stream, exactly the token it would draw when it starts (kept in its payload and emitted then).
+        Returns a ``TokenWindow`` per sample, in order."""
+        from ..predict.features import TokenWindow
+
+        params, out = self._params, {}
+        members: dict[int, list[Sample]] = {}
+        for s in samples:
+            members.setdefault(s.group, []).append(s)
+        for g, group in members.items():
+            self._prefill_prompt(g)
+            logits = self._prompt_logits[g]
+            self.pool.free(self._prompt_kv.pop(g))
+            self._prompt_slots.pop(g)
+            self._prompt_logits.pop(g)
+            for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] arrays for big groups
+                part = group[lo:lo + _LOOKAHEAD_ROWS]
+                for s in part:
+                    s.payload["rng"] = self._stream(s)
+                rows = np.broadcast_to(logits, (len(part), len(logits)))
+                tokens, logprobs, logp = sample_tokens(rows, params, [s.payload["rng"] for s in part], with_logp=True)
+                entropy, stop = distribution_stats(logp[:1], params.stop_token_ids)  # the same row for all
+                for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
+                    s.payload["first"] = (token, logprob)
+                    out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
+        return [out[s.uid] for s in samples]
+
     def _report_tokens(self, sched: Scheduler, running: list[Sample], logp: np.ndarray) -> None:
         """Samples that reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and stop
         mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""

@@ -62,7 +62,8 @@ class GroupContext:
 
 # layout of the feature vector
 _TOKEN_SCALARS = 6
-DIM = 1 + 1 + PROMPT_BUCKETS + 1 + 2 + 3 + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
+_SIBLINGS = 1 + 1 + PROMPT_BUCKETS + 1 + 2  # where the 3 sibling features start
+DIM = _SIBLINGS + 3 + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
 
 
 def feature_vector(ctx: GroupContext, window: TokenWindow | None, prefix_log_len: float | None = None) -> np.ndarray:
@@ -81,12 +82,8 @@ def feature_vector(ctx: GroupContext, window: TokenWindow | None, prefix_log_len
     i += 1
     if ctx.history_log_len is not None:
         x[i], x[i + 1] = 1.0, ctx.history_log_len / 5.0
-    i += 2
-    if ctx.finished:
-        x[i] = 1.0
-        x[i + 1] = ctx.finished_log_len_sum / ctx.finished / 5.0
-        x[i + 2] = ctx.finished / ctx.size
-    i += 3
+    _set_siblings(x, ctx)
+    i = _SIBLINGS + 3
     if window is not None and window.token_ids:
         n = len(window.token_ids)
         x[i] = math.log1p(n) / 5.0
@@ -104,3 +101,22 @@ def feature_vector(ctx: GroupContext, window: TokenWindow | None, prefix_log_len
     if prefix_log_len is not None:
         x[i], x[i + 1] = 1.0, prefix_log_len / 5.0
     return x
+
+
+def with_siblings(x: np.ndarray, ctx: GroupContext) -> np.ndarray:
+    """A copy of ``feature_vector``'s output with the sibling features as of ``ctx`` now: a sample that has not
+    started keeps its first-token features while its siblings finish, and this refreshes them without rebuilding
+    the rest."""
+    x = x.copy()
+    _set_siblings(x, ctx)
+    return x
+
+
+def _set_siblings(x: np.ndarray, ctx: GroupContext) -> None:
+    i = _SIBLINGS
+    if ctx.finished:
+        x[i] = 1.0
+        x[i + 1] = ctx.finished_log_len_sum / ctx.finished / 5.0
+        x[i + 2] = ctx.finished / ctx.size
+    else:
+        x[i:i + 3] = 0.0

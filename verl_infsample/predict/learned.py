@@ -1,14 +1,18 @@
 """``learned``: a length predictor that learns the policy online, from every finished rollout.
 
-A sample's remaining length is predicted at checkpoints k = 0 (before its first token), then 4, 16, 64, ... (powers
-of 4 below K) and K generated tokens (K = 8: 0, 4, 8; K = 2: 0, 2). Each checkpoint has its own ridge regressor on
-log(remaining tokens), over ``features.feature_vector``: the prompt (length, hashed token n-grams), the prompt's
-earlier rollouts, the group's finished siblings and the sample's own tokens so far (token n-grams, log-probs, the
-entropy and stop probability of the distribution it draws from, and the opening's track record: the mean log
-remaining length, at this checkpoint, of earlier samples that began with the same first tokens). Between
-checkpoints a prediction holds: engines report a sample's tokens only when it reaches a checkpoint
-(``token_checkpoints``), so most decode steps cost nothing. Samples still waiting share one prediction per group
-(they differ in nothing yet), refreshed when a sibling finishes.
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 4, 16, 64, ... (powers
+of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8; K = 2: 0, 1, 2). The k = 1 prediction usually comes before
+the plan: an engine with a first-token lookahead (``Scheduler(first_tokens=...)``; the transformers engine and the
+trace replay) draws every sample's first token from its group's prompt logits, so the plan sees how each sample
+opens and can start the long ones first; a waiting sample's first-token features follow its finished siblings.
+
+Each checkpoint has its own ridge regressor on log(remaining tokens), over ``features.feature_vector``: the prompt
+(length, hashed token n-grams), the prompt's earlier rollouts, the group's finished siblings and the sample's own
+tokens so far (token n-grams, log-probs, the entropy and stop probability of the distribution it draws from, and the
+opening's track record: the mean log remaining length, at this checkpoint, of earlier samples that began with the
+same first tokens). Between checkpoints a prediction holds: engines report a sample's tokens only when it reaches a
+checkpoint (``token_checkpoints``), so most decode steps cost nothing. Samples still waiting without a lookahead
+share one prediction per group (they differ in nothing yet), refreshed when a sibling finishes.
 
 Learning: when a sample finishes, its true length labels the feature snapshot it left at each checkpoint it passed
 (so each regressor sees exactly the samples that were still running at its k, as at prediction time). Sufficient
@@ -39,9 +43,9 @@ import numpy as np
 
 from ..core.predictor import HistoryPredictor
 from ..core.sample import Group, Sample
-from .features import DIM, GroupContext, TokenWindow, feature_vector, prompt_vector
+from .features import DIM, GroupContext, TokenWindow, feature_vector, prompt_vector, with_siblings
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: checkpoint k = 1 (first-token lookahead)
 DRIFT_MIN = 8  # samples a checkpoint needs in a batch before its mean residual becomes the next batch's drift
 PREFIX_TOKENS = (2, 1)  # openings tracked: the first two tokens, else the first one
 PREFIX_MIN = 4  # samples an opening needs before its mean is a feature
@@ -49,14 +53,14 @@ PREFIX_KEYS = 65_536  # openings remembered per checkpoint (the oldest go first)
 
 
 def checkpoints_up_to(k: int) -> tuple[int, ...]:
-    """0, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
+    """0, 1, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
     if k < 1:
         raise ValueError(f"predictor 'learned:k=K' needs K >= 1, got {k}")
-    points, p = [0], 4
+    points, p = [0, 1], 4
     while p < k:
         points.append(p)
         p *= 4
-    return tuple(points + [k])
+    return tuple(points + [k] if k > 1 else points)
 
 
 @dataclass
@@ -67,12 +71,14 @@ class _LiveSample:
     snapshots: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (checkpoint index, features)
     opening: tuple[int, ...] = ()  # its first tokens (``PREFIX_TOKENS[0]`` of them, fewer before)
     cached: float | None = None  # prediction at its latest checkpoint (None: recompute)
+    siblings: int = 0  # its group's finished samples when the snapshots were taken
 
 
 class LearnedPredictor:
     """Online ridge regressors on log remaining length, one per checkpoint; ``history`` until trained."""
 
     name = "learned"
+    plans_on_first_token = True  # asks engines for the first-token lookahead (``Scheduler(first_tokens=...)``)
 
     def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.998, ridge: float = 2.0,
                  prompt_ridge: float = 10.0, min_samples: int = 32, refit_every: int = 16, quantile: float = 0.5,
@@ -145,6 +151,9 @@ class LearnedPredictor:
                 x = feature_vector(ctx, None)
                 ctx.waiting = (ctx.finished, x, self._final(group, sample, 0, x, 0))
             return ctx.waiting[2]
+        if sample.generated == 0 and live.siblings != ctx.finished:  # not started: its siblings as of now
+            live.snapshots = [(ci, with_siblings(x, ctx)) for ci, x in live.snapshots]
+            live.siblings, live.cached = ctx.finished, None
         if live.cached is None:
             ci, x = live.snapshots[-1]
             live.cached = self._final(group, sample, ci, x, live.generated)
@@ -172,7 +181,7 @@ class LearnedPredictor:
         live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
         ci = self.checkpoints.index(n)
         live.snapshots.append((ci, feature_vector(ctx, window, self._opening_mean(ci, live.opening))))
-        live.generated, live.cached = n, None
+        live.generated, live.cached, live.siblings = n, None, ctx.finished
         return True
 
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
