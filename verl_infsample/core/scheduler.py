@@ -103,6 +103,11 @@ class Scheduler:
                           and getattr(predictor, "plans_on_first_token", False))
         if self.lookahead:
             self._look_ahead(first_tokens)
+        # Under slots a sample's prediction is read only by the plan; it is refreshed at admission (siblings as of
+        # then) for the predictor's record of the sample, except after a lookahead, which made the plan's
+        # predictions from the first tokens: they are the sample's record (the plan saw no finished siblings).
+        self._refresh_on_admission = (self.refines_predictions and not self._refresh_waiting_eagerly
+                                      and not self.lookahead)
         self._plan()
 
     def _look_ahead(self, first_tokens: Callable[[list[Sample]], list]) -> None:
@@ -224,7 +229,7 @@ class Scheduler:
             if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
                 self.stats.recompute_tokens += s.generated
                 self.kv_tokens += s.generated
-            if self.refines_predictions and not self._refresh_waiting_eagerly and self._finished:
+            if self._refresh_on_admission and self._finished:
                 t0 = time.perf_counter()
                 s.predicted_len = self._predicted_len(s)
                 self.stats.refine_ms += (time.perf_counter() - t0) * 1e3

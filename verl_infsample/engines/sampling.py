@@ -63,12 +63,34 @@ def sample_tokens(logits: np.ndarray, params: SamplingParams, rngs: list[np.rand
 
     Rows are independent: the same row gives the same token whatever else is in the batch.
     """
+    logp, keep = _distribution(logits, params)
+    if keep is None:  # greedy
+        tokens = np.argmax(logp, axis=1)
+    else:
+        tokens = _gumbel_max(logp, keep, rngs)
+    out = tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
+    return (*out, logp) if with_logp else out
+
+
+def sample_shared(logits: np.ndarray, params: SamplingParams, rngs: list[np.random.Generator]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One token per stream in ``rngs``, all drawn from the same row of ``logits`` [V] (a group's prompt logits):
+    exactly the tokens ``sample_tokens`` draws from that row repeated, with the distribution computed once.
+    Returns (tokens, log-probs, the [1, V] log-probs drawn from)."""
+    logp, keep = _distribution(np.asarray(logits)[None, :], params)
+    if keep is None:
+        tokens = np.full(len(rngs), int(np.argmax(logp[0])))
+    else:
+        tokens = _gumbel_max(logp, keep, rngs)
+    return tokens, logp[0, tokens], logp
+
+
+def _distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of ``logits`` [B, V] -> (log-probs drawn from, in float64; the tokens top-k / top-p keep, None when
+    greedy)."""
     logits = apply_logit_bias(logits.astype(np.float64), params)
     if params.temperature == 0:
-        tokens = np.argmax(logits, axis=1)
-        logp = _log_softmax(logits)
-        out = tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
-        return (*out, logp) if with_logp else out
+        return _log_softmax(logits), None
     logp = _log_softmax(logits / params.temperature)
     vocab = logp.shape[1]
     keep = np.ones_like(logp, dtype=bool)
@@ -82,10 +104,14 @@ def sample_tokens(logits: np.ndarray, params: SamplingParams, rngs: list[np.rand
         nucleus = np.zeros_like(keep)
         np.put_along_axis(nucleus, order, np.arange(vocab)[None, :] < cut[:, None], 1)
         keep &= nucleus
-    noise = np.stack([rng.gumbel(size=vocab) for rng in rngs])  # each stream advances by one vocab per token
-    tokens = np.argmax(np.where(keep, logp + noise, -np.inf), axis=1)
-    out = tokens, np.take_along_axis(logp, tokens[:, None], 1)[:, 0]
-    return (*out, logp) if with_logp else out
+    return logp, keep
+
+
+def _gumbel_max(logp: np.ndarray, keep: np.ndarray, rngs: list[np.random.Generator]) -> np.ndarray:
+    """argmax of log p + Gumbel noise over the kept tokens, one row of noise per stream (``logp`` / ``keep`` are
+    [B, V], or [1, V] shared by every stream)."""
+    noise = np.stack([rng.gumbel(size=logp.shape[1]) for rng in rngs])  # each stream advances one vocab per token
+    return np.argmax(np.where(keep, logp + noise, -np.inf), axis=1)
 
 
 def distribution_stats(logp: np.ndarray, stop_token_ids) -> tuple[np.ndarray, np.ndarray]:

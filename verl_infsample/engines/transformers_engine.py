@@ -27,7 +27,7 @@ from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
-from .sampling import SamplingParams, distribution_stats, sample_stream, sample_tokens
+from .sampling import SamplingParams, distribution_stats, sample_shared, sample_stream, sample_tokens
 
 
 _LOOKAHEAD_ROWS = 64  # samples drawn together by the first-token lookahead
@@ -226,13 +226,12 @@ class TransformersEngine:
             self.pool.free(self._prompt_kv.pop(g))
             self._prompt_slots.pop(g)
             self._prompt_logits.pop(g)
-            for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] arrays for big groups
+            for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] noise for big groups
                 part = group[lo:lo + _LOOKAHEAD_ROWS]
                 for s in part:
                     s.payload["rng"] = self._stream(s)
-                rows = np.broadcast_to(logits, (len(part), len(logits)))
-                tokens, logprobs, logp = sample_tokens(rows, params, [s.payload["rng"] for s in part], with_logp=True)
-                entropy, stop = distribution_stats(logp[:1], params.stop_token_ids)  # the same row for all
+                tokens, logprobs, logp = sample_shared(logits, params, [s.payload["rng"] for s in part])
+                entropy, stop = distribution_stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
                     s.payload["first"] = (token, logprob)
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))

@@ -1,7 +1,7 @@
 """``learned``: a length predictor that learns the policy online, from every finished rollout.
 
-A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 4, 16, 64, ... (powers
-of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8; K = 2: 0, 1, 2). The k = 1 prediction usually comes before
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 16, 64, ... (powers
+of 4 from 16, below K) and K generated tokens (K = 8: 0, 1, 8; K = 64: 0, 1, 16, 64). The k = 1 prediction usually comes before
 the plan: an engine with a first-token lookahead (``Scheduler(first_tokens=...)``; the transformers engine and the
 trace replay) draws every sample's first token from its group's prompt logits, so the plan sees how each sample
 opens and can start the long ones first; a waiting sample's first-token features follow its finished siblings.
@@ -53,10 +53,12 @@ PREFIX_KEYS = 65_536  # openings remembered per checkpoint (the oldest go first)
 
 
 def checkpoints_up_to(k: int) -> tuple[int, ...]:
-    """0, 1, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
+    """0, 1, then powers of 4 from 16 below ``k``, then ``k``: where predictions refine (few: each costs a feature
+    vector and a report from the engine; between 1 and 8 tokens little is learned that the first token and k = 8 do
+    not tell)."""
     if k < 1:
         raise ValueError(f"predictor 'learned:k=K' needs K >= 1, got {k}")
-    points, p = [0, 1], 4
+    points, p = [0, 1], 16
     while p < k:
         points.append(p)
         p *= 4
