@@ -5,6 +5,7 @@ other builds here are small (a few training steps) and take a second or two each
 """
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -159,6 +160,10 @@ def test_same_seed_same_weights(tmp_path):
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     sa, sb = (json.loads((d / tiny.STAMP_FILE).read_text()) for d in (a, b))
     assert sa["fingerprint"] == sb["fingerprint"] == tiny.fingerprint(dict(seed=3, **SMALL))
+    # the stamp names the weights themselves (the same recipe on another CPU's float kernels may train others)
+    assert sa["weights_sha256"] == sb["weights_sha256"] == hashlib.sha256((a / "model.safetensors").read_bytes()
+                                                                          ).hexdigest()
+    assert json.loads((c / tiny.STAMP_FILE).read_text())["weights_sha256"] != sa["weights_sha256"]
     # Rebuilding over an earlier build is allowed; over a foreign folder is not.
     tiny.build_tiny_model(a, seed=3, **SMALL)
     assert torch.equal(load_file(a / "model.safetensors")["model.embed_tokens.weight"], wa["model.embed_tokens.weight"])

@@ -6,7 +6,8 @@ hidden 128, 2 query heads and 1 KV head of ``head_dim`` 64, tied embeddings, flo
 template, eos ``<|im_end|>`` and pad ``<|endoftext|>``. ``AutoModelForCausalLM`` / ``AutoTokenizer`` load it with no
 network. Nothing is downloaded: a byte-level BPE tokenizer (1024 tokens) is trained here with the ``tokenizers``
 library on a synthetic chat corpus, and the randomly initialised model is then trained on that corpus for about
-half a minute on one CPU thread, fully seeded (same arguments, same machine: same weights).
+half a minute on one CPU thread, fully seeded (same arguments, same machine: same weights; another CPU's float kernels
+may train others, so the stamp records ``weights_sha256``).
 
 The corpus makes **response length depend on the prompt**, as in real rollouts: "count to 7" (8 tokens with the
 eos), "count to 240" (hundreds; training sequences are cut at 160 tokens, so those never stop inside a 128 cap),
@@ -271,7 +272,10 @@ def build_tiny_model(out_dir, *, layers: int = 2, hidden: int = 128, heads: int 
     tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE,
               additional_special_tokens=[IM_START])
     tc_path.write_text(json.dumps(tc, indent=2) + "\n")
-    stamp = {"build_version": BUILD_VERSION, "fingerprint": fingerprint(p), "params": p,
+    # The recipe is seeded, but training runs on this machine's float kernels: another CPU can end with other
+    # weights (and other lengths). The weights' own hash names the build a measurement was made on.
+    weights = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    stamp = {"build_version": BUILD_VERSION, "fingerprint": fingerprint(p), "weights_sha256": weights, "params": p,
              "build_seconds": round(time.perf_counter() - t0, 2), "tokenizer_seconds": round(t_tok - t0, 2),
              "train_seconds": round(t_train - t_tok, 2), "eos_token_id": eos_id, "pad_token_id": pad_id,
              "vocab_size": len(hf_tok), "n_params": sum(t.numel() for t in model.parameters()), **stats}
