@@ -45,8 +45,8 @@ def _token_trace(n_prompts: int, group: int, seed: int, scale: float = 1.0, max_
 def test_spec_settings_and_bad_options():
     p = make_predictor("learned:k=8", max_len=128)
     assert isinstance(p, LearnedPredictor) and p.name == "learned:k=8"
-    assert p.checkpoints == (0, 1, 8) and p.token_checkpoints == {1, 8}
-    assert make_predictor("learned:k=64", max_len=128).checkpoints == (0, 1, 16, 64)
+    assert p.checkpoints == (0, 1, 4, 8) and p.token_checkpoints == {1, 4, 8} and p.slot_checkpoints == {1, 8}
+    assert make_predictor("learned:k=64", max_len=128).checkpoints == (0, 1, 4, 16, 64)
     spec = "learned:k=16,forget=0.99"
     assert InfiniteRolloutSettings.from_custom({"predictor": spec}).predictor == spec
     with pytest.raises(ValueError, match="KEY one of k, forget, min, q, state"):
@@ -160,7 +160,7 @@ def test_save_load_warm_start_and_mismatch(tmp_path):
     window = TokenWindow(trace[0].tokens[0][:8])
     assert warm.observe_tokens(g, s, window) and p.observe_tokens(g, s, window)
     assert warm.predict(g, s) == pytest.approx(p.predict(g, s), rel=1e-4)
-    with pytest.raises(ValueError, match=r"learned at checkpoints \[0, 1, 8\].*k=16"):
+    with pytest.raises(ValueError, match=r"learned at checkpoints \[0, 1, 4, 8\].*k=16"):
         make_predictor(f"learned:k=16,state={state}", max_len=200)
     (tmp_path / "bad.npz").write_text("not a state")
     with pytest.raises(ValueError, match="bad.npz: cannot read it"):

@@ -92,6 +92,8 @@ class Scheduler:
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
         self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
                                   if self.refines_predictions else frozenset())
+        if self.refines_predictions and not isinstance(capacity, KVBudget) and hasattr(predictor, "slot_checkpoints"):
+            self.token_checkpoints = frozenset(predictor.slot_checkpoints)  # under slots nothing reads the rest
         self._group_first = np.cumsum([0] + [g.size for g in groups]).tolist()  # uid of each group's first sample
         if prompt_tokens is not None and hasattr(predictor, "observe_prompt"):
             for g, tokens in zip(groups, prompt_tokens):

@@ -102,8 +102,8 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
                             policy: str = "infinite"):
     """Replay ``trace`` under ``policy``; returns (result, {(group, index): predicted remaining length at k tokens})
     for every sample longer than k. A predictor that does not refine keeps its plan's prediction."""
-    checkpoints = getattr(predictor, "token_checkpoints", None)
-    if checkpoints is not None and k not in checkpoints:
+    checkpoints = getattr(predictor, "slot_checkpoints", None) or getattr(predictor, "token_checkpoints", None)
+    if checkpoints is not None and k not in checkpoints:  # (the replay runs under slots)
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
                          f"score at one of them, or use learned:k={k}")
     at_k: dict[tuple[int, int], float] = {}

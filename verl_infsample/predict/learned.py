@@ -1,7 +1,10 @@
 """``learned``: a length predictor that learns the policy online, from every finished rollout.
 
-A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 16, 64, ... (powers
-of 4 from 16, below K) and K generated tokens (K = 8: 0, 1, 8; K = 64: 0, 1, 16, 64). The k = 1 prediction usually comes before
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 4, 16, 64, ...
+(powers of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8; K = 2: 0, 1, 2). Under M slots a running sample's
+prediction is read by nothing (its slot is its own until it ends), so there engines report only at 1 (what the plan
+reads) and K (where the predictor is scored): ``slot_checkpoints``. Under a KV budget the admission projection reads
+every refinement. The k = 1 prediction usually comes before
 the plan: an engine with a first-token lookahead (``Scheduler(first_tokens=...)``; the transformers engine and the
 trace replay) draws every sample's first token from its group's prompt logits, so the plan sees how each sample
 opens and can start the long ones first; a waiting sample's first-token features follow its finished siblings.
@@ -53,12 +56,10 @@ PREFIX_KEYS = 65_536  # openings remembered per checkpoint (the oldest go first)
 
 
 def checkpoints_up_to(k: int) -> tuple[int, ...]:
-    """0, 1, then powers of 4 from 16 below ``k``, then ``k``: where predictions refine (few: each costs a feature
-    vector and a report from the engine; between 1 and 8 tokens little is learned that the first token and k = 8 do
-    not tell)."""
+    """0, 1, then powers of 4 below ``k``, then ``k``: where predictions refine (few: each costs a feature vector)."""
     if k < 1:
         raise ValueError(f"predictor 'learned:k=K' needs K >= 1, got {k}")
-    points, p = [0, 1], 16
+    points, p = [0, 1], 4
     while p < k:
         points.append(p)
         p *= 4
@@ -101,6 +102,7 @@ class LearnedPredictor:
         self.min_samples, self.refit_every = min_samples, refit_every
         self.checkpoints = checkpoints_up_to(k)
         self.token_checkpoints = frozenset(self.checkpoints[1:])  # where engines report a sample's tokens
+        self.slot_checkpoints = frozenset({1, k})  # under M slots: what the plan reads, and the scored k
         self.name = f"learned:k={k}"
         c = len(self.checkpoints)
         # decayed sums X^T X, X^T y; new rows wait in ``_rows`` and are folded in (one matrix product) when the
