@@ -143,3 +143,29 @@ def test_an_exception_in_a_step_fails_the_whole_rollout(tiny_engine, tiny_prompt
         tiny_engine.rollout(prompts, 4, SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop),
                             policy="infinite", capacity=SlotPool(3))
     assert tiny_engine.pool.in_use == 0
+
+
+def test_the_first_token_lookahead_keeps_the_tokens_and_fails_loudly(tiny_engine, tiny_prompts, monkeypatch):
+    """With ``learned`` the engine draws every sample's first token before the plan (one prompt pass per group) and
+    emits exactly that token when the sample starts: the tokens are those of ``full``. A failure inside the
+    lookahead fails the rollout and leaves no block held."""
+    from verl_infsample.core.predictor import make_predictor
+
+    prompts, stop = tiny_prompts
+    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=5)
+    full = tiny_engine.rollout(prompts, 6, params, policy="full")
+    res = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3),
+                              predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
+    assert res.stats.lookahead_prefills == len(prompts) and _tokens(res) == _tokens(full)
+    plain = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3), predictor="history")
+    assert _tokens(plain) == _tokens(full) and plain.stats.lookahead_prefills == 0
+
+    def broken(group):
+        tiny_engine._prompt_kv[group] = tiny_engine.pool.allocate(1)  # as the real one does before its forward
+        raise RuntimeError("prompt pass failed")
+
+    monkeypatch.setattr(tiny_engine, "_prefill_prompt", broken)
+    with pytest.raises(RuntimeError, match="prompt pass failed"):
+        tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3),
+                            predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
+    assert tiny_engine.pool.in_use == 0

@@ -107,9 +107,13 @@ class TransformersEngine:
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
         self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
                                                is None else int(stream_indices[s.group][s.index]))
-        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
-                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts,
-                                first_tokens=self._first_tokens)
+        try:
+            sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
+                                    fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts,
+                                    first_tokens=self._first_tokens)
+        except BaseException:
+            self._free_all([])  # a lookahead that failed midway may hold a prompt's blocks
+            raise
         for s in sched.samples:
             s.payload.update(tokens=[], logprobs=[], blocks=[])
             if "rng" not in s.payload:  # (the lookahead made it already)
@@ -117,7 +121,7 @@ class TransformersEngine:
         try:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:
-            self._free_all(sched)
+            self._free_all(sched.samples)
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
@@ -260,8 +264,8 @@ class TransformersEngine:
         self._slots: dict[int, torch.Tensor] = {}
         self.pool.stats = KVStats(self.pool.stats.bytes_per_token, pool_bytes=self.pool.stats.pool_bytes)
 
-    def _free_all(self, sched: Scheduler) -> None:
-        for s in sched.samples:
+    def _free_all(self, samples: list[Sample]) -> None:
+        for s in samples:
             if s.payload.get("blocks"):
                 self.pool.free(s.payload["blocks"])
                 s.payload["blocks"] = []
