@@ -194,6 +194,7 @@ class InfiniteServer:
             self.last_rollout_metrics = {
                 "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
                 "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
+                "infsample/lookahead_prefills": res.stats.lookahead_prefills,
                 "infsample/samples": sum(len(ix) for _, ix in members), "infsample/wall_s": res.wall_s,
                 "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
             with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
@@ -346,7 +347,8 @@ class InfiniteServer:
 
 # How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
 # steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
-_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens")
+_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens",
+        "infsample/lookahead_prefills")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes",)
 
