@@ -11,12 +11,12 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
 ``lpt``        continuous refill, longest predicted sample first (a strong makespan heuristic)
 ``infinite``   with M slots: the global FPTAS plan over predicted lengths (see ``fptas``), admitted in
                planned start order; groups are planned together in chunks whose prompts stay within
-               ``OPEN_PROMPT_SHARE`` of the lanes' KV (all of a small batch). Under a KV budget: the memory-skyline plan (see ``skyline``), each
-               sample at its planned step, keeping the planned gaps; a sample that ends before the next
-               planned start may go first (backfill; it then leaves the plan, which stops counting it
-               at its planned steps). Batches too big for the skyline: groups kept
-               together, longest first, and when the next sample does not fit the free KV, the shortest
-               waiting sample that does goes first (SJF refill)
+               ``OPEN_PROMPT_SHARE`` of the lanes' KV (all of a small batch). Under a KV budget: the
+               memory-skyline plan (see ``skyline``), each sample at its planned step, keeping the
+               planned gaps; a sample that ends before the next planned start may go first (backfill; it
+               then leaves the plan, which stops counting it at its planned steps). Batches too big for
+               the skyline: groups kept together, longest first, and when the next sample does not fit
+               the free KV, the shortest waiting sample that does goes first (SJF refill)
 ``oracle``     ``infinite`` with the true lengths: what a perfect predictor would buy
 ``plain``      what verl does without us: every request at once, first come first served; under a KV
                budget a sample enters when the next step's KV fits *now* (no reservation for its growth),

@@ -90,10 +90,8 @@ class Scheduler:
         self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
                                     and hasattr(predictor, "predict_outgrown"))
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
-        self.token_checkpoints = (frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
-                                  if self.refines_predictions else frozenset())
-        if self.refines_predictions and not isinstance(capacity, KVBudget) and hasattr(predictor, "slot_checkpoints"):
-            self.token_checkpoints = frozenset(predictor.slot_checkpoints)  # under slots nothing reads the rest
+        self.token_checkpoints = (reported_checkpoints(predictor, capacity, max_len) if self.refines_predictions
+                                  else frozenset())
         self._group_first = np.cumsum([0] + [g.size for g in groups]).tolist()  # uid of each group's first sample
         if prompt_tokens is not None and hasattr(predictor, "observe_prompt"):
             for g, tokens in zip(groups, prompt_tokens):
@@ -324,6 +322,15 @@ class Scheduler:
         for s in self.samples:
             out[s.group].append(s)
         return out
+
+
+def reported_checkpoints(predictor: LengthPredictor, capacity: Capacity, max_len: int) -> frozenset[int]:
+    """Token counts at which engines report a running sample's tokens to a predictor that reads them: its
+    ``token_checkpoints`` (default: every token), or under M slots, where nothing reads a running sample's
+    prediction, its ``slot_checkpoints`` where it has them."""
+    if not isinstance(capacity, KVBudget) and hasattr(predictor, "slot_checkpoints"):
+        return frozenset(predictor.slot_checkpoints)
+    return frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
 
 
 def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: str | LengthPredictor,

@@ -141,7 +141,8 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
     replay = ReplayEngine(trace, prefill_chunk) if all(p.tokens is not None for p in trace) else None
     sched = build_scheduler(groups, policy, capacity, predictor, max_len, seed=seed, fptas_eps=fptas_eps,
-                            true_lengths=[list(p.lengths) for p in trace], prompt_tokens=[p.prompt_tokens for p in trace],
+                            true_lengths=[list(p.lengths) for p in trace],
+                            prompt_tokens=[p.prompt_tokens for p in trace],
                             first_tokens=replay.first_tokens if replay else None)
     pol, pred = sched.policy, sched.predictor
     engine = replay if replay is not None and sched.refines_predictions else SimulatedEngine(prefill_chunk)

@@ -154,17 +154,19 @@ class TransformersEngine:
                 positions.append(len(self._prompts[s.group]) + fed - 1)
             out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts,
                                 q_len=1).numpy()
+        rngs = [s.payload["rng"] for s in running]
+        drawn: list[int] = []
         if out is not None and len(feeding) == len(running):
             rows = out
         else:  # samples admitted this step draw their first token from their group's prompt logits
             rows = np.stack([self._prompt_logits[s.group] for s in running])
             if out is not None:
                 rows[feeding] = out
+            # first tokens the lookahead drew already: their streams have moved past them
+            drawn = [i for i, s in enumerate(running) if "first" in s.payload]
+            for i in drawn:
+                rngs[i] = _SPENT_STREAM
         params = self._params
-        drawn = [i for i, s in enumerate(running) if not s.payload["tokens"] and "first" in s.payload]
-        rngs = [s.payload["rng"] for s in running]
-        for i in drawn:  # drawn by the lookahead already: its stream has moved past its first token
-            rngs[i] = _SPENT_STREAM
         tokens, logprobs, logp = sample_tokens(rows, params, rngs, with_logp=True)
         for i in drawn:
             tokens[i], logprobs[i] = running[i].payload.pop("first")

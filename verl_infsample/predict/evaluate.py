@@ -28,6 +28,7 @@ import numpy as np
 from ..core.capacity import SlotPool
 from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample
+from ..core.scheduler import reported_checkpoints
 from ..core.trace import TracePrompt, read_trace
 from ..engines.simulated import simulate
 from .features import TokenWindow
@@ -102,8 +103,9 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
                             policy: str = "infinite"):
     """Replay ``trace`` under ``policy``; returns (result, {(group, index): predicted remaining length at k tokens})
     for every sample longer than k. A predictor that does not refine keeps its plan's prediction."""
-    checkpoints = getattr(predictor, "slot_checkpoints", None) or getattr(predictor, "token_checkpoints", None)
-    if checkpoints is not None and k not in checkpoints:  # (the replay runs under slots)
+    checkpoints = (reported_checkpoints(predictor, SlotPool(slots), max_len) if hasattr(predictor, "observe_tokens")
+                   else None)
+    if checkpoints is not None and k not in checkpoints:
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
                          f"score at one of them, or use learned:k={k}")
     at_k: dict[tuple[int, int], float] = {}

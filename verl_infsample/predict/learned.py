@@ -1,13 +1,13 @@
 """``learned``: a length predictor that learns the policy online, from every finished rollout.
 
-A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 4, 16, 64, ...
-(powers of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8; K = 2: 0, 1, 2). Under M slots a running sample's
-prediction is read by nothing (its slot is its own until it ends), so there engines report only at 1 (what the plan
-reads) and K (where the predictor is scored): ``slot_checkpoints``. Under a KV budget the admission projection reads
-every refinement. The k = 1 prediction usually comes before
-the plan: an engine with a first-token lookahead (``Scheduler(first_tokens=...)``; the transformers engine and the
-trace replay) draws every sample's first token from its group's prompt logits, so the plan sees how each sample
-opens and can start the long ones first; a waiting sample's first-token features follow its finished siblings.
+A sample's remaining length is predicted at checkpoints k = 0 (before its first token), 1, then 4, 16, 64, ... (powers
+of 4 below K) and K generated tokens (K = 8: 0, 1, 4, 8; K = 2: 0, 1, 2). Under M slots a running sample's prediction
+is read by nothing (its slot is its own until it ends), so there engines report only at 1 (what the plan reads) and K
+(where the predictor is scored): ``slot_checkpoints``. Under a KV budget the admission projection reads every
+refinement. The k = 1 prediction usually comes before the plan: an engine with a first-token lookahead
+(``Scheduler(first_tokens=...)``; the transformers engine and the trace replay) draws every sample's first token from
+its group's prompt logits, so the plan sees how each sample opens and can start the long ones first; a waiting
+sample's first-token features follow its finished siblings.
 
 Each checkpoint has its own ridge regressor on log(remaining tokens), over ``features.feature_vector``: the prompt
 (length, hashed token n-grams), the prompt's earlier rollouts, the group's finished siblings and the sample's own
