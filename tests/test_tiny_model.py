@@ -191,6 +191,14 @@ def test_cli_handler(tmp_path, capsys):
     enc = t.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt",
                                 return_dict=True)
     assert m.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=t.pad_token_id).shape[1] > 0
+    # a variant's own step count (modes: MODES_TRAIN_STEPS) is its default; --train-steps overrides it
+    modes = parser.parse_args(["make-tiny-model", str(tmp_path / "modes"), "--layers", "1", "--hidden", "64",
+                               "--heads", "2", "--kv-heads", "2", "--vocab", "512", "--variant", "modes",
+                               "--train-steps", "2"])
+    assert tiny.cmd_make_tiny_model(modes) == 0
+    stamp = json.loads((tmp_path / "modes" / tiny.STAMP_FILE).read_text())
+    assert (stamp["params"]["corpus"], stamp["params"]["train_steps"]) == ("modes", 2)
+    assert tiny.VARIANTS["modes"]["train_steps"] == tiny.MODES_TRAIN_STEPS > tiny.DEFAULTS["train_steps"]
     bad = parser.parse_args(["make-tiny-model", str(tmp_path / "bad"), "--heads", "2", "--kv-heads", "3"])
     with pytest.raises(ValueError, match="kv_heads"):
         tiny.cmd_make_tiny_model(bad)

@@ -169,3 +169,42 @@ def test_the_first_token_lookahead_keeps_the_tokens_and_fails_loudly(tiny_engine
         tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3),
                             predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
     assert tiny_engine.pool.in_use == 0
+
+
+def test_the_lookahead_prompt_pass_is_the_prefill_when_the_prompts_fit(tiny_engine, tiny_prompts, monkeypatch):
+    """Under slots, with the batch's prompts within the plan's open-prompt allowance, the lookahead's prompt pass
+    keeps its KV as the group's prefill: one pass per group, not two. Under a KV budget (the scheduler accounts the
+    prompts) and when the prompts do not fit, it is freed and the group is prefilled again when it starts. The tokens
+    are the same in all three, and nothing stays held."""
+    from verl_infsample.core.capacity import KVBudget
+    from verl_infsample.core.policies import open_prompt_allowance
+    from verl_infsample.core.predictor import make_predictor
+
+    prompts, stop = tiny_prompts
+    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=5)
+    passes = {"n": 0}
+    real = tiny_engine._prefill_prompt
+
+    def counting(group):
+        passes["n"] += 1
+        return real(group)
+
+    monkeypatch.setattr(tiny_engine, "_prefill_prompt", counting)
+
+    def run(capacity):
+        passes["n"] = 0
+        res = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=capacity,
+                                  predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
+        assert tiny_engine.pool.in_use == 0
+        return res, passes["n"]
+
+    assert sum(map(len, prompts)) <= open_prompt_allowance(8, MAX_NEW)
+    kept, kept_passes = run(SlotPool(8))
+    assert kept_passes == len(prompts)
+    budget, budget_passes = run(KVBudget(4 * (max(map(len, prompts)) + MAX_NEW)))
+    assert budget_passes >= 2 * len(prompts)  # (a group none of whose samples runs drops its prompt there)
+    monkeypatch.setattr("verl_infsample.engines.transformers_engine.open_prompt_allowance",
+                        lambda lanes, longest: 0.0)  # no prompt fits
+    freed, freed_passes = run(SlotPool(8))
+    assert freed_passes == 2 * len(prompts)
+    assert _tokens(kept) == _tokens(budget) == _tokens(freed)

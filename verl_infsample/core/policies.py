@@ -150,6 +150,12 @@ class FullGroupPolicy(MicroGroupPolicy):
 OPEN_PROMPT_SHARE = 0.25  # under M slots: the prompts of a plan chunk's groups, against the lanes' KV at its fullest
 
 
+def open_prompt_allowance(lanes: int, longest: float) -> float:
+    """Prompt tokens that may be held at once under M slots: ``OPEN_PROMPT_SHARE`` of ``lanes`` samples' KV at
+    ``longest`` tokens each (the plan's chunks; the engine's first-token lookahead keeps its prompt KV within it)."""
+    return OPEN_PROMPT_SHARE * lanes * longest
+
+
 def chunk_groups(groups: list[int], prompt_lens: list[int], allowance: float) -> list[list[int]]:
     """``groups`` in order, cut into consecutive chunks whose prompt tokens stay within ``allowance`` (a chunk has
     at least one group)."""
@@ -218,7 +224,7 @@ class InfiniteSamplingPolicy(Policy):
             self._info = {"plan_method": "group-major", "plan_lanes": lanes}
             self.queue = deque(samples[i] for i in order)
             return
-        allowance = OPEN_PROMPT_SHARE * lanes * float(predicted.max(initial=1.0))
+        allowance = open_prompt_allowance(lanes, float(predicted.max(initial=1.0)))
         chunks = chunk_groups(group_order, [samples[by_group[g][0]].prompt_len for g in group_order], allowance)
         order, methods, worst = [], set(), 0.0
         for chunk in chunks:

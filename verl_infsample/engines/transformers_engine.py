@@ -5,7 +5,8 @@ Step-level batched decoding over the running set the scheduler hands it:
 * a group's prompt is prefilled once; its KV blocks are shared by every sample of the group until the last ends;
 * a sample's first token is drawn from the group's cached last-prompt logits (no forward pass); for a predictor
   that plans on it (``learned``), every sample's first token is drawn before the plan, one prompt pass per group
-  (the first-token lookahead: ``Scheduler(first_tokens=...)``), and emitted unchanged when the sample starts;
+  (the first-token lookahead: ``Scheduler(first_tokens=...)``), and emitted unchanged when the sample starts; under
+  M slots, when the batch's prompts fit the plan's open-prompt allowance, that pass's KV is the group's prefill;
 * each step feeds every running sample its last token in one batched forward pass, rows padded only to this
   step's longest context; a finished sample frees its blocks and the scheduler refills the slot at once;
 * attention runs through the model's own attention code (sdpa/eager) over a paged KV store (``kv_blocks``), passed
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.policies import open_prompt_allowance
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
@@ -105,6 +107,10 @@ class TransformersEngine:
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+        # the lookahead's prompt KV serves as the groups' prefill when holding every prompt at once stays within
+        # what the slot plan lets open groups hold (under a KV budget the scheduler accounts prompts: never)
+        self._keep_lookahead_kv = isinstance(capacity, SlotPool) and sum(map(len, prompts)) <= open_prompt_allowance(
+            capacity.slots, params.max_new_tokens)
         self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
                                                is None else int(stream_indices[s.group][s.index]))
         try:
@@ -118,10 +124,14 @@ class TransformersEngine:
             s.payload.update(tokens=[], logprobs=[], blocks=[])
             if "rng" not in s.payload:  # (the lookahead made it already)
                 s.payload["rng"] = self._stream(s)
+        # the lookahead's prompt passes kept as prefills and its samples' random streams are the engine's work (a
+        # rollout without the lookahead does the same, the prefills inside the decode loop), not the predictor's
+        sched.stats.predict_ms -= (self._kept_prefill_s + self._stream_setup_s) * 1e3
         try:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:
             self._free_all(sched.samples)
+        timing.engine_s += self._kept_prefill_s
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
@@ -216,26 +226,32 @@ class TransformersEngine:
 
     # --- internals -------------------------------------------------------------------------------------------------
     def _first_tokens(self, samples: list[Sample]) -> list:
-        """The first-token lookahead: each group's prompt passes once (its KV freed again: the group is prefilled
-        for real when its first sample starts), and every sample draws its first token from those logits with its
-        own stream, exactly the token it would draw when it starts (kept in its payload and emitted then).
+        """The first-token lookahead: each group's prompt passes once, and every sample draws its first token from
+        those logits with its own stream, exactly the token it would draw when it starts (kept in its payload and
+        emitted then). The prompt's KV is kept as the group's prefill when the batch's prompts fit
+        (``_keep_lookahead_kv``), else freed again (the group is prefilled for real when its first sample starts).
         Returns a ``TokenWindow`` per sample, in order."""
         from ..predict.features import TokenWindow
 
         params, out = self._params, {}
         members: dict[int, list[Sample]] = {}
+        t0 = time.perf_counter()
         for s in samples:
             members.setdefault(s.group, []).append(s)
+            s.payload["rng"] = self._stream(s)
+        self._stream_setup_s += time.perf_counter() - t0
         for g, group in members.items():
+            t0 = time.perf_counter()
             self._prefill_prompt(g)
             logits = self._prompt_logits[g]
-            self.pool.free(self._prompt_kv.pop(g))
-            self._prompt_slots.pop(g)
-            self._prompt_logits.pop(g)
+            if self._keep_lookahead_kv:
+                self._kept_prefill_s += time.perf_counter() - t0
+            else:
+                self.pool.free(self._prompt_kv.pop(g))
+                self._prompt_slots.pop(g)
+                self._prompt_logits.pop(g)
             for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] noise for big groups
                 part = group[lo:lo + _LOOKAHEAD_ROWS]
-                for s in part:
-                    s.payload["rng"] = self._stream(s)
                 tokens, logprobs, logp = sample_shared(logits, params, [s.payload["rng"] for s in part])
                 entropy, stop = distribution_stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
@@ -264,6 +280,8 @@ class TransformersEngine:
         self._prompt_slots: dict[int, torch.Tensor] = {}
         self._prompt_logits: dict[int, np.ndarray] = {}
         self._slots: dict[int, torch.Tensor] = {}
+        self._kept_prefill_s = 0.0  # the lookahead's prompt passes kept as prefills: see rollout
+        self._stream_setup_s = 0.0  # the lookahead's set-up of the samples' random streams: see rollout
         self.pool.stats = KVStats(self.pool.stats.bytes_per_token, pool_bytes=self.pool.stats.pool_bytes)
 
     def _free_all(self, samples: list[Sample]) -> None:

@@ -19,7 +19,8 @@ from a couple of tokens to the cap (some short, most in between, roughly one in 
 accounts for a fair part of the spread (the kind of task, the story's size word, ...), the first tokens for more.
 
 The **"modes" variant** (``tiny_model_path(variant="modes")``, ``.cache/tiny-model-modes/``; ``make-tiny-model DIR
---variant modes``) has the same size, tokenizer code and training recipe on another corpus: chains of m steps
+--variant modes``) has the same size, tokenizer code and recipe on another corpus, trained 4000 steps (about a
+minute) so that it fits that corpus: chains of m steps
 ("count to 9", "add 41 and 13", "what is 7 times 6") answered at random in one of three modes whose first token
 differs, ``answer : 9 .`` (direct), ``count : 1 2 ... 9 . answer : 9 .`` and ``step 1 : 0 + 1 = 1 . ...``. Sampled at
 temperature 1 a group mixes the modes; the mode comes first and the length follows it (at k=8: count ~20 tokens,
@@ -85,8 +86,12 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
                       train_steps=DEFAULT_TRAIN_STEPS, intermediate=None, corpus_size=6000, lr=3e-3,
                       batch_tokens=256, max_seq_len=160, max_position_embeddings=4096)
 # Variants: build parameters over DEFAULTS. "modes": same size, tokenizer code and recipe, on the "modes" corpus
-# (its first tokens tell the length). ``corpus`` enters the fingerprint only when it is not the default's.
-VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes")}
+# (its first tokens tell the length), trained until it fits that corpus: at 1000 steps (loss 0.41) it followed its
+# modes so loosely that no predictor could rank its lengths well (the Monte Carlo ceiling of ``eval-predictor
+# --ceiling``: Kendall tau 0.48-0.58 at k=8); at 4000 (loss 0.09, about 45 s more) the ceiling is 0.81.
+# ``corpus`` enters the fingerprint only when it is not the default's.
+MODES_TRAIN_STEPS = 4000
+VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes", train_steps=MODES_TRAIN_STEPS)}
 
 
 def _check_variant(variant: str) -> str:
@@ -533,7 +538,8 @@ def add_make_tiny_model_parser(subparsers):
     p.add_argument("--kv-heads", type=int, default=DEFAULTS["kv_heads"])
     p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"], help="BPE vocabulary size to train")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--train-steps", type=int, default=DEFAULTS["train_steps"], help="0: random weights")
+    p.add_argument("--train-steps", type=int, default=None,
+                   help=f"0: random weights (default {DEFAULTS['train_steps']}; --variant modes: {MODES_TRAIN_STEPS})")
     p.add_argument("--variant", choices=list(VARIANTS), default="default",
                    help="modes: trained on answers whose first tokens tell their length (direct / count / step)")
     p.set_defaults(func=cmd_make_tiny_model)
@@ -542,9 +548,11 @@ def add_make_tiny_model_parser(subparsers):
 
 def cmd_make_tiny_model(args) -> int:
     t0 = time.perf_counter()
+    variant = {**VARIANTS[args.variant]}
+    if args.train_steps is not None:
+        variant["train_steps"] = args.train_steps
     out = build_tiny_model(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                           kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, train_steps=args.train_steps,
-                           verbose=True, **VARIANTS[args.variant])
+                           kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, verbose=True, **variant)
     stamp = json.loads((out / STAMP_FILE).read_text())
     print(f"tiny model: {stamp['n_params']:,} parameters, vocab {stamp['vocab_size']}, "
           f"loss {stamp.get('final_loss', 'n/a')}, {time.perf_counter() - t0:.1f} s", file=sys.stderr)

@@ -154,6 +154,8 @@ class PredictorEvaluation:
     lower_bound_steps: int
     trained_checkpoints: list[int]
     cost: dict = field(default_factory=dict)  # the predictor's share of real decode time (--model only)
+    ceiling_kendall_tau: float | None = None  # Monte Carlo best at k tokens (--ceiling N, --model only)
+    ceiling_continuations: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -235,6 +237,30 @@ def model_rollouts(model_dir: str, *, train_rollouts: int = 4, train_prompts: in
     return ModelRollouts(train, test, test_ids, params(seed))
 
 
+def ceiling_predictions(engine, trace: list[TracePrompt], k: int, params, continuations: int = 24,
+                        slots: int = 64) -> dict[tuple[int, int], float]:
+    """The best any predictor could do at k tokens, estimated: every test sample longer than k is continued
+    ``continuations`` times from its prompt and its own first k tokens (fresh random streams, the test's sampling
+    otherwise), and its prediction is the geometric mean of their remaining lengths. What is left between that and
+    the true length is the model's own randomness after k tokens: no features can rank it. Keys as
+    ``replay_with_predictions``'s."""
+    from dataclasses import replace
+
+    if continuations < 1:
+        raise ValueError(f"--ceiling must be >= 1 continuations per sample, got {continuations}")
+    keys = [(g, i) for g, p in enumerate(trace) for i, n in enumerate(p.lengths) if n > k]
+    if not keys:
+        return {}
+    if any(trace[g].prompt_tokens is None or trace[g].tokens is None for g, _ in keys):
+        raise ValueError("the Monte Carlo ceiling needs a trace with prompt and response token ids")
+    prefixes = [list(trace[g].prompt_tokens) + list(trace[g].tokens[i][:k]) for g, i in keys]
+    cont = replace(params, max_new_tokens=params.max_new_tokens - k, seed=params.seed + 1_000_003)
+    run = engine.rollout(prefixes, continuations, cont, policy="continuous", capacity=SlotPool(slots),
+                         prompt_ids=[f"{trace[g].prompt_id}#{i}" for g, i in keys])
+    return {key: float(np.exp(np.mean([np.log(max(1, len(o.token_ids))) for o in outs])))
+            for key, outs in zip(keys, run.outputs)}
+
+
 def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int) -> dict:
     """One real engine rollout of the test prompts with ``predictor`` (as warm as for the replayed test, so its
     decode steps should match the replay's): the predictor's time per decode step against the step's."""
@@ -269,6 +295,9 @@ def add_eval_predictor_parser(sub) -> None:
     p.add_argument("--test-group", type=int, default=32, help="--model: samples per test prompt")
     p.add_argument("--eos-bias", type=float, default=0.0, help="--model: added to the eos logit (moves lengths)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ceiling", type=int, default=0, metavar="N",
+                   help="--model: also estimate the best tau any predictor could reach at k tokens, by continuing "
+                        "each test sample N times from its first k tokens (0: off; 24 is plenty)")
     p.add_argument("--threads", type=int, default=1, help="--model: torch threads")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_eval_predictor)
@@ -307,6 +336,14 @@ def _cmd_eval_predictor(args) -> int:
                                            seed=args.seed, progress=_progress)
     if args.model:
         result.cost = measure_cost(engine, rollouts, predictor, args.slots)
+        if args.ceiling:
+            best = ceiling_predictions(engine, test, args.k, rollouts.params, args.ceiling)
+            keys = sorted(best)
+            result.ceiling_kendall_tau = round(kendall_tau([best[key] for key in keys],
+                                                           [test[g].lengths[i] - args.k for g, i in keys]), 4)
+            result.ceiling_continuations = args.ceiling
+    elif args.ceiling:
+        raise ValueError("--ceiling continues samples on the model: it needs --model or --tiny, not --trace")
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
@@ -319,6 +356,9 @@ def _cmd_eval_predictor(args) -> int:
     print(format_table([{"policy": "infinite" if n != "oracle" else "oracle", "predictor": n, "decode_steps": v,
                          "vs_oracle": round(v / d["decode_steps"]["oracle"], 4)} for n, v in d["decode_steps"].items()],
                        ["policy", "predictor", "decode_steps", "vs_oracle"]))
+    if d["ceiling_kendall_tau"] is not None:
+        print(f"ceiling (best any predictor could do at k={d['k']}, {d['ceiling_continuations']} continuations per "
+              f"sample): kendall_tau {d['ceiling_kendall_tau']}")
     if d["cost"]:
         print(f"predictor cost: {d['cost']['predictor_ms_per_step']} ms per decode step of {d['cost']['step_ms']} ms "
               f"({100 * d['cost']['predictor_share']:.2f}%)")
