@@ -86,6 +86,9 @@ class Scheduler:
         # the SJF refill of what the planned head cannot use); under slots, where any sample fits a free slot, a
         # waiting sample's prediction is refreshed once, when it is admitted, not each time a sibling finishes.
         self._refresh_waiting_eagerly = isinstance(capacity, KVBudget)
+        # a running sample's prediction is read only under a KV budget (the admission projection); under slots its
+        # slot is its own until it ends, so reports at its checkpoints only teach the predictor (nothing re-predicts)
+        self._repredict_running = isinstance(capacity, KVBudget)
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
         self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
                                     and hasattr(predictor, "predict_outgrown"))
@@ -138,11 +141,13 @@ class Scheduler:
     def observe_tokens(self, reports: list[tuple[Sample, tuple]]) -> None:
         """Samples that reached one of ``token_checkpoints`` this step, each with its tokens as plain numbers (e.g.
         ``predict.TokenWindow``): the predictor reads them, and a sample whose prediction changed gets the new one
-        (the KV projection and the SJF refill use it)."""
+        where something reads it (under a KV budget: the KV projection and the SJF refill)."""
         if not self.refines_predictions:
             return
         t0 = time.perf_counter()
         changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
+        if not self._repredict_running:
+            changed = [s for s in changed if s.state is SampleState.WAITING]
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
 

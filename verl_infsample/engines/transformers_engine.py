@@ -180,10 +180,13 @@ class TransformersEngine:
         tokens, logprobs, logp = sample_tokens(rows, params, rngs, with_logp=True)
         for i in drawn:
             tokens[i], logprobs[i] = running[i].payload.pop("first")
-        finished = []
-        for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
+        finished, at_checkpoint = [], []
+        checkpoints = sched.token_checkpoints
+        for i, (s, token, logprob) in enumerate(zip(running, tokens.tolist(), logprobs.tolist())):
             s.payload["tokens"].append(token)
             s.payload["logprobs"].append(logprob)
+            if len(s.payload["tokens"]) in checkpoints:
+                at_checkpoint.append(i)
             if token in params.stop_token_ids:
                 s.payload["finish"] = "stop"
             elif len(s.payload["tokens"]) >= params.max_new_tokens:
@@ -191,8 +194,8 @@ class TransformersEngine:
             else:
                 continue
             finished.append(s)
-        if sched.token_checkpoints:
-            self._report_tokens(sched, running, logp)
+        if at_checkpoint:
+            self._report_tokens(sched, running, at_checkpoint, logp)
         self.pool.record(sched.stats.decode_steps + 1)
         return finished, 1
 
@@ -259,16 +262,12 @@ class TransformersEngine:
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
         return [out[s.uid] for s in samples]
 
-    def _report_tokens(self, sched: Scheduler, running: list[Sample], logp: np.ndarray) -> None:
-        """Samples that reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and stop
-        mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""
-        t0 = time.perf_counter()
-        checkpoints = sched.token_checkpoints
-        at = [i for i, s in enumerate(running) if len(s.payload["tokens"]) in checkpoints]
-        if not at:
-            return
+    def _report_tokens(self, sched: Scheduler, running: list[Sample], at: list[int], logp: np.ndarray) -> None:
+        """``running[at]`` reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and
+        stop mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""
         from ..predict.features import TokenWindow
 
+        t0 = time.perf_counter()
         entropy, stop_logprob = distribution_stats(logp[at], self._params.stop_token_ids)
         reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
                    for i, h, sl in zip(at, entropy.tolist(), stop_logprob.tolist())]

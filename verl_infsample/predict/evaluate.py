@@ -11,8 +11,9 @@ test samples' tokens and learns from their finished siblings as it would live), 
 when it has generated k tokens and compare it with its true remaining length (samples longer than k): Kendall tau
 and mean absolute error, next to ``history``'s. Decode steps: ``infinite`` with ``learned``, ``history`` and ``none``,
 and ``oracle``, on the same test lengths (``SimulatedEngine`` is step-exact and the engine's tokens do not depend on
-the schedule). With ``--model``, one more real engine rollout of the test prompts measures the predictor's cost per
-decode step (feature extraction + prediction) against the step time.
+the schedule). With ``--model``, three more real engine rollouts of the test prompts measure the predictor's cost per
+decode step (feature extraction + prediction + learning) against the step time (their median). ``--ceiling N``
+estimates the best tau any predictor could reach at k: each test sample continued N times from its first k tokens.
 """
 
 from __future__ import annotations
@@ -109,11 +110,14 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
                          f"score at one of them, or use learned:k={k}")
     at_k: dict[tuple[int, int], float] = {}
+    refines = hasattr(predictor, "observe_tokens")
 
     def record(sched):
         for s in sched.running:
-            if s.generated == k:
-                at_k[s.key] = max(1.0, s.predicted_len - k)
+            if s.generated == k:  # a refining predictor's estimate now (under slots the scheduler reads none)
+                predicted = (min(max_len, predictor.predict(sched.groups[s.group], s)) if refines
+                             else s.predicted_len)
+                at_k[s.key] = max(1.0, predicted - k)
 
     res, sched = simulate(trace, policy, SlotPool(slots), predictor, max_len=max_len, on_step=record,
                           return_scheduler=True)
@@ -261,15 +265,21 @@ def ceiling_predictions(engine, trace: list[TracePrompt], k: int, params, contin
             for key, outs in zip(keys, run.outputs)}
 
 
-def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int) -> dict:
-    """One real engine rollout of the test prompts with ``predictor`` (as warm as for the replayed test, so its
-    decode steps should match the replay's): the predictor's time per decode step against the step's."""
-    res = engine.rollout(rollouts.test_prompts, rollouts.test[0].group_size, rollouts.params, policy="infinite",
-                         capacity=SlotPool(slots), predictor=predictor, prompt_ids=[p.prompt_id for p in rollouts.test])
-    step_ms = res.timing.engine_s * 1e3 / max(1, res.stats.decode_steps)
-    per_step = (res.stats.refine_ms + res.stats.predict_ms) / max(1, res.stats.decode_steps)
-    return {"decode_steps": res.stats.decode_steps, "step_ms": round(step_ms, 3),
-            "predictor_ms_per_step": round(per_step, 4), "predictor_share": round(per_step / step_ms, 4)}
+def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int, repeats: int = 3) -> dict:
+    """Real engine rollouts of the test prompts with ``predictor`` (each from its state as given: as warm as for the
+    replayed test, so the decode steps should match the replay's): the predictor's time per decode step against the
+    step's. The median of ``repeats`` rollouts: on a shared machine one rollout's wall-clock share is noisy."""
+    runs = []
+    for _ in range(repeats):
+        res = engine.rollout(rollouts.test_prompts, rollouts.test[0].group_size, rollouts.params, policy="infinite",
+                             capacity=SlotPool(slots), predictor=copy.deepcopy(predictor),
+                             prompt_ids=[p.prompt_id for p in rollouts.test])
+        step_ms = res.timing.engine_s * 1e3 / max(1, res.stats.decode_steps)
+        per_step = (res.stats.refine_ms + res.stats.predict_ms) / max(1, res.stats.decode_steps)
+        runs.append((per_step / step_ms, step_ms, per_step, res.stats.decode_steps))
+    share, step_ms, per_step, steps = sorted(runs)[len(runs) // 2]
+    return {"decode_steps": steps, "step_ms": round(step_ms, 3), "predictor_ms_per_step": round(per_step, 4),
+            "predictor_share": round(share, 4), "predictor_share_runs": [round(r[0], 4) for r in runs]}
 
 
 # --- the command line ------------------------------------------------------------------------------------------------
