@@ -200,6 +200,14 @@ def test_group_affinity_router_keeps_groups_whole_and_balances_predicted_tokens(
 
     cfg, mgr, servers = two_replicas
     ours = mgr.global_load_balancer
+    # what is tested is the placement of a whole burst; on a loaded 2-core machine the client's requests can pause
+    # past the preset 20 ms window and split the burst (seen once in the full suite): a wider window for this test
+    def window(ms):
+        return ray.get(ours.__ray_call__.remote(lambda lb: setattr(
+            lb, "config", __import__("dataclasses").replace(lb.config, placement_window_ms=ms))))
+
+    preset = ray.get(ours.__ray_call__.remote(lambda lb: lb.config.placement_window_ms))
+    window(200)
     default = get_router_handle(dict(zip(mgr.server_addresses, mgr.server_handles)))  # what verl builds by default
     ours_client, default_client = mgr.get_client(), LLMServerClient(cfg, load_balancer_handle=default)
     try:  # ours first (it knows no length yet), then verl's, ours again (it has learned them), then verl's again
@@ -213,6 +221,7 @@ def test_group_affinity_router_keeps_groups_whole_and_balances_predicted_tokens(
         verl += [_one_round(default_client, default, servers, router_prompts, f"default{r}") for r in range(3, 6)]
     finally:
         ray.kill(default)
+        window(preset)
     assert [o.token_ids for o in warm["outs"]] == [o.token_ids for o in verl[0]["outs"]]  # same work every round
     assert cold["split_groups"] == warm["split_groups"] == 0
     assert all(v["split_groups"] > 0 for v in verl)  # verl's default spreads groups over both replicas
