@@ -322,9 +322,19 @@ def test_eval_predictor_cli_on_traces(tmp_path):
     assert {"kendall_tau", "mae", "steps_vs_oracle", "decode_steps"} <= set(d)
     assert d["kendall_tau"] > 0.5 and d["steps_vs_oracle"] >= 1.0
     assert set(d["decode_steps"]) == {"learned", "history", "none", "oracle"}
+    assert d["capacity"] == "slots=8" and set(d["preemptions"].values()) == {0}
+    # the same under a KV budget: the warm-up, the test and the comparison; oracle plans what provably fits
+    kv = json.loads(subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl"), *train,
+                                    "--k", "8", "--max-len", "200", "--kv-budget", "1200", "--json"],
+                                   capture_output=True, text=True, check=True).stdout)
+    assert kv["capacity"] == "kv_budget=1200 tokens" and kv["preemptions"]["oracle"] == 0
+    assert kv["kendall_tau"] > 0.5 and kv["decode_steps"] != d["decode_steps"]
     bad = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl")], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--trace needs at least one --trace-train" in bad.stderr
+    small = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl"), *train, "--max-len",
+                            "200", "--kv-budget", "150"], capture_output=True, text=True)
+    assert small.returncode == 2 and "--kv-budget 150 fits no sample" in small.stderr
 
 
 # --- the tiny model whose first tokens tell the length (variant "modes") ----------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..core.capacity import SlotPool
+from ..core.capacity import Capacity, KVBudget, SlotPool
 from ..core.predictor import LengthPredictor, make_predictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import reported_checkpoints
@@ -101,10 +101,12 @@ class PredictionQuality:
 
 
 def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor, k: int, slots: int, max_len: int,
-                            policy: str = "infinite"):
-    """Replay ``trace`` under ``policy``; returns (result, {(group, index): predicted remaining length at k tokens})
-    for every sample longer than k. A predictor that does not refine keeps its plan's prediction."""
-    checkpoints = (reported_checkpoints(predictor, SlotPool(slots), max_len) if hasattr(predictor, "observe_tokens")
+                            policy: str = "infinite", capacity: Capacity | None = None):
+    """Replay ``trace`` under ``policy`` (``slots`` slots, or ``capacity``); returns (result, {(group, index): predicted
+    remaining length at k tokens}) for every sample longer than k. A predictor that does not refine keeps its plan's
+    prediction."""
+    capacity = capacity or SlotPool(slots)
+    checkpoints = (reported_checkpoints(predictor, capacity, max_len) if hasattr(predictor, "observe_tokens")
                    else None)
     if checkpoints is not None and k not in checkpoints:
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
@@ -119,8 +121,7 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
                              else s.predicted_len)
                 at_k[s.key] = max(1.0, predicted - k)
 
-    res, sched = simulate(trace, policy, SlotPool(slots), predictor, max_len=max_len, on_step=record,
-                          return_scheduler=True)
+    res, sched = simulate(trace, policy, capacity, predictor, max_len=max_len, on_step=record, return_scheduler=True)
     for s in sched.samples:
         if s.true_len > k and s.key not in at_k:
             if checkpoints is not None:
@@ -145,6 +146,7 @@ class PredictorEvaluation:
     predictor: str
     k: int
     slots: int
+    capacity: str  # what the scheduler comparison ran under: M slots, or a KV budget (--kv-budget)
     train_rollouts: int
     train_samples: int
     test_samples: int
@@ -153,6 +155,7 @@ class PredictorEvaluation:
     history_kendall_tau: float
     history_mae: float
     decode_steps: dict[str, int]  # infinite with learned / history / none, and oracle, on the test rollout
+    preemptions: dict[str, int]  # the same runs' preemptions (nonzero only under a KV budget)
     steps_vs_oracle: float  # learned / oracle
     history_steps_vs_oracle: float
     lower_bound_steps: int
@@ -167,29 +170,33 @@ class PredictorEvaluation:
 
 def evaluate_predictor(train: list[list[TracePrompt]], test: list[TracePrompt], *, spec: str = "learned:k=8",
                        k: int = 8, slots: int = 8, max_len: int, seed: int = 0,
-                       predictor: LengthPredictor | None = None, progress=lambda items, desc: items
-                       ) -> tuple[PredictorEvaluation, LengthPredictor]:
-    """Warm ``spec`` up on the ``train`` rollouts (replayed in order, learning online), then test it on ``test``.
-    Returns the evaluation and a copy of the warmed-up predictor as it was before the test rollout."""
+                       predictor: LengthPredictor | None = None, progress=lambda items, desc: items,
+                       capacity: Capacity | None = None) -> tuple[PredictorEvaluation, LengthPredictor]:
+    """Warm ``spec`` up on the ``train`` rollouts (replayed in order, learning online), then test it on ``test``, all
+    under ``slots`` slots or ``capacity`` (e.g. a ``KVBudget``). Returns the evaluation and a copy of the warmed-up
+    predictor as it was before the test rollout."""
+    capacity = capacity or SlotPool(slots)
     learned = predictor if predictor is not None else make_predictor(spec, seed=seed, max_len=max_len)
     history = make_predictor("history", seed=seed, max_len=max_len)
     for rollout in progress(train, "warm-up"):
-        simulate(rollout, "infinite", SlotPool(slots), learned, max_len=max_len)
-        simulate(rollout, "infinite", SlotPool(slots), history, max_len=max_len)
+        simulate(rollout, "infinite", capacity, learned, max_len=max_len)
+        simulate(rollout, "infinite", capacity, history, max_len=max_len)
     warm = copy.deepcopy(learned)
-    res_learned, at_k = replay_with_predictions(test, learned, k, slots, max_len)
-    res_history, at_k_history = replay_with_predictions(test, history, k, slots, max_len)
-    steps = {"learned": res_learned.decode_steps, "history": res_history.decode_steps}
-    steps["none"] = simulate(test, "infinite", SlotPool(slots), "none", max_len=max_len).decode_steps
-    oracle = simulate(test, "oracle", SlotPool(slots), max_len=max_len)
-    steps["oracle"] = oracle.decode_steps
+    res_learned, at_k = replay_with_predictions(test, learned, k, slots, max_len, capacity=capacity)
+    res_history, at_k_history = replay_with_predictions(test, history, k, slots, max_len, capacity=capacity)
+    runs = {"learned": res_learned, "history": res_history,
+            "none": simulate(test, "infinite", capacity, "none", max_len=max_len),
+            "oracle": simulate(test, "oracle", capacity, max_len=max_len)}
+    steps = {name: r.decode_steps for name, r in runs.items()}
+    oracle = runs["oracle"]
     q = _quality(test, k, at_k, at_k_history)
     trained = learned.trained_checkpoints() if hasattr(learned, "trained_checkpoints") else []
     return PredictorEvaluation(
-        predictor=learned.name, k=k, slots=slots, train_rollouts=len(train),
+        predictor=learned.name, k=k, slots=slots, capacity=str(capacity), train_rollouts=len(train),
         train_samples=sum(p.group_size for r in train for p in r), test_samples=sum(p.group_size for p in test),
         kendall_tau=q.kendall_tau, mae=q.mae, history_kendall_tau=q.history_kendall_tau, history_mae=q.history_mae,
-        decode_steps=steps, steps_vs_oracle=round(steps["learned"] / steps["oracle"], 4),
+        decode_steps=steps, preemptions={name: r.preemptions for name, r in runs.items()},
+        steps_vs_oracle=round(steps["learned"] / steps["oracle"], 4),
         history_steps_vs_oracle=round(steps["history"] / steps["oracle"], 4),
         lower_bound_steps=oracle.lower_bound_steps, trained_checkpoints=trained), warm
 
@@ -265,14 +272,15 @@ def ceiling_predictions(engine, trace: list[TracePrompt], k: int, params, contin
             for key, outs in zip(keys, run.outputs)}
 
 
-def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int, repeats: int = 3) -> dict:
+def measure_cost(engine, rollouts: ModelRollouts, predictor: LengthPredictor, slots: int, repeats: int = 3,
+                 capacity: Capacity | None = None) -> dict:
     """Real engine rollouts of the test prompts with ``predictor`` (each from its state as given: as warm as for the
     replayed test, so the decode steps should match the replay's): the predictor's time per decode step against the
     step's. The median of ``repeats`` rollouts: on a shared machine one rollout's wall-clock share is noisy."""
     runs = []
     for _ in range(repeats):
         res = engine.rollout(rollouts.test_prompts, rollouts.test[0].group_size, rollouts.params, policy="infinite",
-                             capacity=SlotPool(slots), predictor=copy.deepcopy(predictor),
+                             capacity=capacity or SlotPool(slots), predictor=copy.deepcopy(predictor),
                              prompt_ids=[p.prompt_id for p in rollouts.test])
         step_ms = res.timing.engine_s * 1e3 / max(1, res.stats.decode_steps)
         per_step = (res.stats.refine_ms + res.stats.predict_ms) / max(1, res.stats.decode_steps)
@@ -297,6 +305,9 @@ def add_eval_predictor_parser(sub) -> None:
     p.add_argument("--k", type=int, default=8, help="tokens generated when predictions are scored (default 8)")
     p.add_argument("--predictor", default=None, help="spec of the predictor under test (default learned:k=K)")
     p.add_argument("--slots", type=int, default=8, help="M: samples decoded at once in the scheduler comparison")
+    p.add_argument("--kv-budget", type=int, default=None, metavar="TOKENS",
+                   help="run the warm-up, the test and the comparison under a KV budget of TOKENS instead of --slots "
+                        "(preemptions reported; the checkpoints between 1 and k are then read and trained)")
     p.add_argument("--max-len", type=int, default=128, help="response cap (--model: max new tokens)")
     p.add_argument("--train-rollouts", type=int, default=4, help="--model: training epochs before the test")
     p.add_argument("--train-prompts", type=int, default=16)
@@ -320,6 +331,10 @@ def _cmd_eval_predictor(args) -> int:
         raise ValueError(f"--k must be >= 1 (tokens generated when predictions are scored), got {args.k}")
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1, got {args.slots}")
+    if args.kv_budget is not None and args.kv_budget <= args.max_len:
+        raise ValueError(f"--kv-budget {args.kv_budget} fits no sample of up to --max-len {args.max_len} tokens plus "
+                         "its prompt: give more tokens")
+    capacity = KVBudget(args.kv_budget) if args.kv_budget is not None else SlotPool(args.slots)
     spec = args.predictor or f"learned:k={args.k}"
     if args.tiny:
         from ..models.tiny import tiny_model_path
@@ -343,9 +358,9 @@ def _cmd_eval_predictor(args) -> int:
                              "test)")
         train, test = [read_trace(f) for f in args.trace_train], read_trace(args.trace)
     result, predictor = evaluate_predictor(train, test, spec=spec, k=args.k, slots=args.slots, max_len=args.max_len,
-                                           seed=args.seed, progress=_progress)
+                                           seed=args.seed, progress=_progress, capacity=capacity)
     if args.model:
-        result.cost = measure_cost(engine, rollouts, predictor, args.slots)
+        result.cost = measure_cost(engine, rollouts, predictor, args.slots, capacity=capacity)
         if args.ceiling:
             best = ceiling_predictions(engine, test, args.k, rollouts.params, args.ceiling)
             keys = sorted(best)
@@ -363,9 +378,11 @@ def _cmd_eval_predictor(args) -> int:
     print(format_table([{"predictor": d["predictor"], "kendall_tau": d["kendall_tau"], "mae": d["mae"]},
                         {"predictor": "history", "kendall_tau": d["history_kendall_tau"], "mae": d["history_mae"]}],
                        ["predictor", "kendall_tau", "mae"]))
+    print(f"scheduler comparison under {d['capacity']}:")
     print(format_table([{"policy": "infinite" if n != "oracle" else "oracle", "predictor": n, "decode_steps": v,
-                         "vs_oracle": round(v / d["decode_steps"]["oracle"], 4)} for n, v in d["decode_steps"].items()],
-                       ["policy", "predictor", "decode_steps", "vs_oracle"]))
+                         "vs_oracle": round(v / d["decode_steps"]["oracle"], 4), "preemptions": d["preemptions"][n]}
+                        for n, v in d["decode_steps"].items()],
+                       ["policy", "predictor", "decode_steps", "vs_oracle", "preemptions"]))
     if d["ceiling_kendall_tau"] is not None:
         print(f"ceiling (best any predictor could do at k={d['k']}, {d['ceiling_continuations']} continuations per "
               f"sample): kendall_tau {d['ceiling_kendall_tau']}")

@@ -103,7 +103,7 @@ class LearnedPredictor:
         self.checkpoints = checkpoints_up_to(k)
         self.token_checkpoints = frozenset(self.checkpoints[1:])  # where engines report a sample's tokens
         self.slot_checkpoints = frozenset({1, k})  # under M slots: what the plan reads, and the scored k
-        self.name = f"learned:k={k}"
+        self.name = f"learned:k={k}" + (f",q={quantile:g}" if quantile != 0.5 else "")
         c = len(self.checkpoints)
         # decayed sums X^T X, X^T y; new rows wait in ``_rows`` and are folded in (one matrix product) when the
         # regressor is next solved: an observation costs a list append, not an outer product
