@@ -43,3 +43,18 @@ def test_the_seed_sweep_redraws_earlier_output(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["vllm_seed_sweep.py", "--plot-from", str(log), "--plot", str(png)])
     module.main()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
+    """scripts/sim_seed_sweep.py: next to the mean ratios, how many single traces meet issue 2's criteria (with
+    exact lengths every trace's ``infinite`` is within 8% of the bound; naive is never better than ``infinite``)."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["sim_seed_sweep.py", "--seeds", "6", "--json"])
+    _script("sim_seed_sweep").main()
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 6
+    for r in rows:
+        assert 0 <= r["seeds_infinite_within_8pct"] <= 6 and 0 <= r["seeds_naive_1.5x_infinite"] <= 6
+        assert r["naive"] > r["infinite"] >= 1.0
+    assert all(r["seeds_infinite_within_8pct"] == 6 for r in rows if r["predictor"] == "oracle")
