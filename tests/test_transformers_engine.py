@@ -173,11 +173,11 @@ def test_the_first_token_lookahead_keeps_the_tokens_and_fails_loudly(tiny_engine
 
 def test_the_lookahead_prompt_pass_is_the_prefill_when_the_prompts_fit(tiny_engine, tiny_prompts, monkeypatch):
     """Under slots, with the batch's prompts within the plan's open-prompt allowance, the lookahead's prompt pass
-    keeps its KV as the group's prefill: one pass per group, not two. Under a KV budget (the scheduler accounts the
-    prompts) and when the prompts do not fit, it is freed and the group is prefilled again when it starts. The tokens
-    are the same in all three, and nothing stays held."""
+    keeps its KV as the group's prefill: one pass per group, not two. Under a KV budget that holds every prompt, the
+    groups the first admission opens keep theirs and the others' go (the scheduler accounts only open groups'
+    prompts), and the real KV stays within the budget. When the prompts do not fit, every pass is freed and each
+    group is prefilled again when it starts. The tokens are the same in all, and nothing stays held."""
     from verl_infsample.core.capacity import KVBudget
-    from verl_infsample.core.policies import open_prompt_allowance
     from verl_infsample.core.predictor import make_predictor
 
     prompts, stop = tiny_prompts
@@ -191,20 +191,32 @@ def test_the_lookahead_prompt_pass_is_the_prefill_when_the_prompts_fit(tiny_engi
 
     monkeypatch.setattr(tiny_engine, "_prefill_prompt", counting)
 
+    admissions: list[set] = []
+    real_prefill = tiny_engine.prefill
+
+    def recording(sched, admitted):
+        admissions.append({s.group for s in admitted})
+        return real_prefill(sched, admitted)
+
+    monkeypatch.setattr(tiny_engine, "prefill", recording)
+
     def run(capacity):
         passes["n"] = 0
+        admissions.clear()
         res = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=capacity,
                                   predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
         assert tiny_engine.pool.in_use == 0
-        return res, passes["n"]
+        return res, passes["n"], len(admissions[0])  # the groups the first admission opened
 
-    assert sum(map(len, prompts)) <= open_prompt_allowance(8, MAX_NEW)
-    kept, kept_passes = run(SlotPool(8))
+    tokens = 4 * (max(map(len, prompts)) + MAX_NEW)
+    kept, kept_passes, _ = run(SlotPool(8))
     assert kept_passes == len(prompts)
-    budget, budget_passes = run(KVBudget(4 * (max(map(len, prompts)) + MAX_NEW)))
-    assert budget_passes >= 2 * len(prompts)  # (a group none of whose samples runs drops its prompt there)
-    monkeypatch.setattr("verl_infsample.engines.transformers_engine.open_prompt_allowance",
-                        lambda lanes, longest: 0.0)  # no prompt fits
-    freed, freed_passes = run(SlotPool(8))
+    budget, budget_passes, opened = run(KVBudget(tokens))
+    assert budget.kv.peak_in_use_bytes <= tokens * budget.kv.bytes_per_token
+    monkeypatch.setattr(tiny_engine, "_keeps_lookahead_kv", lambda *args: False)  # the prompts do not fit
+    freed, freed_passes, _ = run(SlotPool(8))
     assert freed_passes == 2 * len(prompts)
-    assert _tokens(kept) == _tokens(budget) == _tokens(freed)
+    budget_freed, budget_freed_passes, opened_again = run(KVBudget(tokens))
+    # under the budget, the groups the first admission opened were prefilled by the lookahead: that many passes fewer
+    assert opened == opened_again >= 1 and budget_freed_passes - budget_passes == opened
+    assert _tokens(kept) == _tokens(budget) == _tokens(freed) == _tokens(budget_freed)

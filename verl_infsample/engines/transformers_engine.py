@@ -5,8 +5,9 @@ Step-level batched decoding over the running set the scheduler hands it:
 * a group's prompt is prefilled once; its KV blocks are shared by every sample of the group until the last ends;
 * a sample's first token is drawn from the group's cached last-prompt logits (no forward pass); for a predictor
   that plans on it (``learned``), every sample's first token is drawn before the plan, one prompt pass per group
-  (the first-token lookahead: ``Scheduler(first_tokens=...)``), and emitted unchanged when the sample starts; under
-  M slots, when the batch's prompts fit the plan's open-prompt allowance, that pass's KV is the group's prefill;
+  (the first-token lookahead: ``Scheduler(first_tokens=...)``), and emitted unchanged when the sample starts; that
+  pass's KV is the group's prefill when the batch's prompts fit (under M slots: the plan's open-prompt allowance;
+  under a KV budget: the budget, and only for the groups the first admission opens);
 * each step feeds every running sample its last token in one batched forward pass, rows padded only to this
   step's longest context; a finished sample frees its blocks and the scheduler refills the slot at once;
 * attention runs through the model's own attention code (sdpa/eager) over a paged KV store (``kv_blocks``), passed
@@ -107,10 +108,8 @@ class TransformersEngine:
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
-        # the lookahead's prompt KV serves as the groups' prefill when holding every prompt at once stays within
-        # what the slot plan lets open groups hold (under a KV budget the scheduler accounts prompts: never)
-        self._keep_lookahead_kv = isinstance(capacity, SlotPool) and sum(map(len, prompts)) <= open_prompt_allowance(
-            capacity.slots, params.max_new_tokens)
+        self._keep_lookahead_kv = self._keeps_lookahead_kv(capacity, prompts, params.max_new_tokens)
+        self._until_admission = isinstance(capacity, KVBudget)
         self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
                                                is None else int(stream_indices[s.group][s.index]))
         try:
@@ -124,14 +123,15 @@ class TransformersEngine:
             s.payload.update(tokens=[], logprobs=[], blocks=[])
             if "rng" not in s.payload:  # (the lookahead made it already)
                 s.payload["rng"] = self._stream(s)
-        # the lookahead's prompt passes kept as prefills and its samples' random streams are the engine's work (a
-        # rollout without the lookahead does the same, the prefills inside the decode loop), not the predictor's
-        sched.stats.predict_ms -= (self._kept_prefill_s + self._stream_setup_s) * 1e3
         try:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:
             self._free_all(sched.samples)
-        timing.engine_s += self._kept_prefill_s
+        # the lookahead's prompt passes kept as prefills and its samples' random streams are the engine's work (a
+        # rollout without the lookahead does the same, the prefills inside the decode loop), not the predictor's
+        kept_s = sum(t for g, t in self._lookahead_prefill_s.items() if g not in self._lookahead_dropped)
+        sched.stats.predict_ms -= (kept_s + self._stream_setup_s) * 1e3
+        timing.engine_s += kept_s
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
@@ -139,6 +139,8 @@ class TransformersEngine:
 
     # --- the engine protocol ---------------------------------------------------------------------------------------
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
+        if self._until_admission:
+            self._drop_unopened_prompts(sched)
         for s in admitted:
             if s.group not in self._prompt_kv:
                 self._prefill_prompt(s.group)
@@ -205,9 +207,7 @@ class TransformersEngine:
             s.payload["blocks"] = []
             self._slots.pop(s.uid, None)
             if not sched.holds_prompt(s.group) and s.group in self._prompt_kv:
-                self.pool.free(self._prompt_kv.pop(s.group))
-                self._prompt_slots.pop(s.group)
-                self._prompt_logits.pop(s.group)
+                self._free_prompt(s.group)
         self.pool.record(sched.stats.decode_steps)
 
     # --- weights ---------------------------------------------------------------------------------------------------
@@ -232,7 +232,8 @@ class TransformersEngine:
         """The first-token lookahead: each group's prompt passes once, and every sample draws its first token from
         those logits with its own stream, exactly the token it would draw when it starts (kept in its payload and
         emitted then). The prompt's KV is kept as the group's prefill when the batch's prompts fit
-        (``_keep_lookahead_kv``), else freed again (the group is prefilled for real when its first sample starts).
+        (``_keep_lookahead_kv``; under a KV budget until the first admission, ``_drop_unopened_prompts``), else freed
+        again (the group is prefilled for real when its first sample starts).
         Returns a ``TokenWindow`` per sample, in order."""
         from ..predict.features import TokenWindow
 
@@ -247,12 +248,10 @@ class TransformersEngine:
             t0 = time.perf_counter()
             self._prefill_prompt(g)
             logits = self._prompt_logits[g]
-            if self._keep_lookahead_kv:
-                self._kept_prefill_s += time.perf_counter() - t0
-            else:
-                self.pool.free(self._prompt_kv.pop(g))
-                self._prompt_slots.pop(g)
-                self._prompt_logits.pop(g)
+            self._lookahead_prefill_s[g] = time.perf_counter() - t0
+            if not self._keep_lookahead_kv:
+                self._free_prompt(g)
+                self._lookahead_dropped.add(g)
             for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] noise for big groups
                 part = group[lo:lo + _LOOKAHEAD_ROWS]
                 tokens, logprobs, logp = sample_shared(logits, params, [s.payload["rng"] for s in part])
@@ -274,12 +273,38 @@ class TransformersEngine:
         sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
         sched.observe_tokens(reports)
 
+    def _keeps_lookahead_kv(self, capacity: Capacity, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> bool:
+        """Whether the lookahead's prompt KV serves as the groups' prefill: when holding every prompt at once fits.
+        Under slots: within what the plan lets open groups hold. Under a KV budget: within the budget, and only until
+        the first admission (the scheduler accounts the prompts of open groups: the others' KV goes then)."""
+        if isinstance(capacity, KVBudget):
+            return sum(self.pool.blocks_for(len(p)) for p in prompts) * self.pool.block_size <= capacity.tokens
+        if isinstance(capacity, SlotPool):
+            return sum(map(len, prompts)) <= open_prompt_allowance(capacity.slots, max_new_tokens)
+        return False
+
+    def _drop_unopened_prompts(self, sched: Scheduler) -> None:
+        """At the first admission under a KV budget: the lookahead's prompts whose groups it did not open go (the
+        budget counts only open groups' prompts); the others are those groups' prefills."""
+        for g in list(self._lookahead_prefill_s):
+            if g in self._prompt_kv and not sched.holds_prompt(g):
+                self._free_prompt(g)
+                self._lookahead_dropped.add(g)
+        self._until_admission = False
+
+    def _free_prompt(self, g: int) -> None:
+        self.pool.free(self._prompt_kv.pop(g))
+        self._prompt_slots.pop(g)
+        self._prompt_logits.pop(g)
+
     def _reset_batch(self) -> None:
         self._prompt_kv: dict[int, list[int]] = {}
         self._prompt_slots: dict[int, torch.Tensor] = {}
         self._prompt_logits: dict[int, np.ndarray] = {}
         self._slots: dict[int, torch.Tensor] = {}
-        self._kept_prefill_s = 0.0  # the lookahead's prompt passes kept as prefills: see rollout
+        self._lookahead_prefill_s: dict[int, float] = {}  # the lookahead's prompt passes: group -> seconds
+        self._lookahead_dropped: set[int] = set()  # groups whose lookahead KV went (prefilled again when they open)
+        self._until_admission = False  # a KV budget: unopened lookahead prompts go at the first admission
         self._stream_setup_s = 0.0  # the lookahead's set-up of the samples' random streams: see rollout
         self.pool.stats = KVStats(self.pool.stats.bytes_per_token, pool_bytes=self.pool.stats.pool_bytes)
 
