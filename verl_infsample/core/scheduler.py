@@ -82,13 +82,12 @@ class Scheduler:
         self.stats = SchedulerStats()
         # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
         self.refines_predictions = policy.uses_predictor and hasattr(predictor, "observe_tokens")
-        # Waiting samples' predictions are read before admission only under a KV budget (the admission projection,
-        # the SJF refill of what the planned head cannot use); under slots, where any sample fits a free slot, a
-        # waiting sample's prediction is refreshed once, when it is admitted, not each time a sibling finishes.
-        self._refresh_waiting_eagerly = isinstance(capacity, KVBudget)
-        # a running sample's prediction is read only under a KV budget (the admission projection); under slots its
-        # slot is its own until it ends, so reports at its checkpoints only teach the predictor (nothing re-predicts)
-        self._repredict_running = isinstance(capacity, KVBudget)
+        # Predictions are read while decoding only under a KV budget: the admission projection reads the running
+        # samples', the SJF refill of what the planned head cannot use the waiting ones'. Under slots, where any
+        # sample fits a free slot and a running one keeps its slot until it ends, a waiting sample's prediction is
+        # refreshed once, when it is admitted, not each time a sibling finishes, and reports at a running sample's
+        # checkpoints only teach the predictor (nothing re-predicts it).
+        self._read_while_decoding = isinstance(capacity, KVBudget)
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
         self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
                                     and hasattr(predictor, "predict_outgrown"))
@@ -109,7 +108,7 @@ class Scheduler:
         # Under slots a sample's prediction is read only by the plan; it is refreshed at admission (siblings as of
         # then) for the predictor's record of the sample, except after a lookahead, which made the plan's
         # predictions from the first tokens: they are the sample's record (the plan saw no finished siblings).
-        self._refresh_on_admission = (self.refines_predictions and not self._refresh_waiting_eagerly
+        self._refresh_on_admission = (self.refines_predictions and not self._read_while_decoding
                                       and not self.lookahead)
         self._plan()
 
@@ -146,7 +145,7 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
-        if not self._repredict_running:
+        if not self._read_while_decoding:
             changed = [s for s in changed if s.state is SampleState.WAITING]
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
@@ -295,7 +294,7 @@ class Scheduler:
                 learn_s += time.perf_counter() - t0
                 self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
             t0 = time.perf_counter()
-            if self.refines_predictions and self._refresh_waiting_eagerly:  # sibling signal: finished lengths
+            if self.refines_predictions and self._read_while_decoding:  # sibling signal: finished lengths
                 # inform the rest of their groups (under slots, at their admission: see __init__)
                 for g in sorted({s.group for s in finished}):
                     members = self.samples[self._group_first[g]:self._group_first[g + 1]]

@@ -109,7 +109,7 @@ class TransformersEngine:
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
         self._keep_lookahead_kv = self._keeps_lookahead_kv(capacity, prompts, params.max_new_tokens)
-        self._until_admission = isinstance(capacity, KVBudget)
+        self._until_admission = self._keep_lookahead_kv and isinstance(capacity, KVBudget)
         self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
                                                is None else int(stream_indices[s.group][s.index]))
         try:

@@ -106,13 +106,12 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
     remaining length at k tokens}) for every sample longer than k. A predictor that does not refine keeps its plan's
     prediction."""
     capacity = capacity or SlotPool(slots)
-    checkpoints = (reported_checkpoints(predictor, capacity, max_len) if hasattr(predictor, "observe_tokens")
-                   else None)
+    refines = hasattr(predictor, "observe_tokens")
+    checkpoints = reported_checkpoints(predictor, capacity, max_len) if refines else None
     if checkpoints is not None and k not in checkpoints:
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
                          f"score at one of them, or use learned:k={k}")
     at_k: dict[tuple[int, int], float] = {}
-    refines = hasattr(predictor, "observe_tokens")
 
     def record(sched):
         for s in sched.running:
@@ -334,6 +333,10 @@ def _cmd_eval_predictor(args) -> int:
     if args.kv_budget is not None and args.kv_budget <= args.max_len:
         raise ValueError(f"--kv-budget {args.kv_budget} fits no sample of up to --max-len {args.max_len} tokens plus "
                          "its prompt: give more tokens")
+    if args.ceiling < 0:
+        raise ValueError(f"--ceiling must be >= 1 continuations per sample (0: off), got {args.ceiling}")
+    if args.ceiling and args.trace:
+        raise ValueError("--ceiling continues samples on the model: it needs --model or --tiny, not --trace")
     capacity = KVBudget(args.kv_budget) if args.kv_budget is not None else SlotPool(args.slots)
     spec = args.predictor or f"learned:k={args.k}"
     if args.tiny:
@@ -367,8 +370,6 @@ def _cmd_eval_predictor(args) -> int:
             result.ceiling_kendall_tau = round(kendall_tau([best[key] for key in keys],
                                                            [test[g].lengths[i] - args.k for g, i in keys]), 4)
             result.ceiling_continuations = args.ceiling
-    elif args.ceiling:
-        raise ValueError("--ceiling continues samples on the model: it needs --model or --tiny, not --trace")
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
