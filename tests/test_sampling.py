@@ -76,3 +76,62 @@ def test_distribution_stats_from_the_log_probs_sampling_drew_from():
     p1 = np.exp(logp[1])
     assert stop[1] == pytest.approx(np.log(p1[2] + p1[3]))
     assert distribution_stats(logp, ())[1].tolist() == [-np.inf, -np.inf]
+
+
+# --- the device sampler (torch_sampling): the same rules on the model's device, counter-based noise ---------------
+def _splitmix64_reference(z: int) -> int:
+    """splitmix64's finaliser in plain Python integers, modulo 2^64: what the int64 tensors must compute."""
+    m = (1 << 64) - 1
+    z &= m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_device_noise_is_splitmix64_of_key_position_and_token():
+    import torch
+
+    from verl_infsample.engines.torch_sampling import CounterStream, uniforms
+
+    golden, m = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    streams = [CounterStream(-(1 << 63) + 5, 0), CounterStream(123456789, 7), CounterStream((1 << 63) - 1, 1 << 40)]
+    got = uniforms(streams, 50, "cpu")
+    for row, s in enumerate(streams):
+        base = _splitmix64_reference(s.key + s.t * golden)
+        for v in (0, 1, 17, 49):
+            bits = _splitmix64_reference((base + (v + 1) * golden) & m) >> 11
+            assert got[row, v].item() == (bits + 0.5) * 2.0 ** -53
+    assert got.dtype == torch.float64 and 0 < got.min() and got.max() < 1
+
+
+def test_device_sampler_draws_from_the_distribution_and_matches_the_host_rules():
+    """Frequencies follow the probabilities; greedy, top-k and top-p keep what the numpy sampler keeps; a row's
+    token does not depend on the other rows; each draw advances its stream by one token."""
+    import torch
+
+    from verl_infsample.engines import sampling, torch_sampling as ts
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -3.0], dtype=torch.float32)
+    p = torch.softmax(logits.double(), 0).numpy()
+    streams = [ts.counter_stream(3, "p", i) for i in range(4000)]
+    tokens, logprobs, _ = ts.sample_shared(logits, SamplingParams(), streams)
+    freq = np.bincount(tokens, minlength=6) / len(tokens)
+    assert np.abs(freq - p).max() < 0.03 and all(s.t == 1 for s in streams)
+    np.testing.assert_allclose(logprobs, np.log(p[tokens]), rtol=0, atol=1e-12)
+    rows = torch.randn(5, 40)
+    for params in (SamplingParams(temperature=0), SamplingParams(top_k=3), SamplingParams(top_p=0.7),
+                   SamplingParams(temperature=0.5, logit_bias=((2, 4.0),))):
+        host_logp, host_keep = sampling._distribution(rows.numpy(), params)
+        dev_logp, dev_keep = ts.distribution(rows, params)
+        np.testing.assert_allclose(dev_logp.numpy(), host_logp, rtol=0, atol=1e-12)
+        assert (dev_keep is None) == (host_keep is None)
+        if host_keep is not None:
+            assert (dev_keep.numpy() == host_keep).all()
+        batch = [ts.counter_stream(9, "q", i) for i in range(5)]
+        together, _ = ts.sample_tokens(rows, params, batch)
+        alone = [ts.sample_tokens(rows[i:i + 1], params, [ts.counter_stream(9, "q", i)])[0][0] for i in range(5)]
+        assert together.tolist() == alone and all(s.t == 1 for s in batch)
+        if host_keep is not None:
+            assert host_keep[np.arange(5), together].all()  # never a token top-k / top-p dropped
+        else:
+            assert together.tolist() == rows.argmax(1).tolist()

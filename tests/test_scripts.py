@@ -58,3 +58,21 @@ def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
         assert 0 <= r["seeds_infinite_within_8pct"] <= 6 and 0 <= r["seeds_naive_1.5x_infinite"] <= 6
         assert r["naive"] > r["infinite"] >= 1.0
     assert all(r["seeds_infinite_within_8pct"] == 6 for r in rows if r["predictor"] == "oracle")
+
+
+def test_the_transformers_gpu_check_dry_run(capsys):
+    """gpu_check_transformers --dry-run (what scripts/gpu_check_transformers.sh --dry-run runs): the GPU check's
+    comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV budget
+    and draw exactly full's tokens."""
+    from verl_infsample import gpu_check_transformers
+
+    assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = report["results"]
+    assert row["n"] == 16 and set(row) == {"n", "prompts", "infinite", "plain", "full"}
+    budget = report["kv_budget_tokens"]
+    for name in ("infinite", "plain"):
+        assert row[name]["identical_to_full"] is True
+        assert row[name]["tokens"] == row["full"]["tokens"] > 16
+    kv_budget_bytes = budget * report["kv_bytes_per_token"]
+    assert row["infinite"]["peak_kv_bytes"] <= kv_budget_bytes < row["full"]["peak_kv_bytes"]

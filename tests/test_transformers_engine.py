@@ -220,3 +220,36 @@ def test_the_lookahead_prompt_pass_is_the_prefill_when_the_prompts_fit(tiny_engi
     # under the budget, the groups the first admission opened were prefilled by the lookahead: that many passes fewer
     assert opened == opened_again >= 1 and budget_freed_passes - budget_passes == opened
     assert _tokens(kept) == _tokens(budget) == _tokens(freed) == _tokens(budget_freed)
+
+
+def test_the_device_sampler_keeps_every_schedule_exact(tiny_model_dir, tiny_prompts):
+    """``sampler="torch"`` (what a GPU uses by default; here on the CPU) draws on the model's device with
+    counter-based noise: other tokens than the numpy sampler's, but the same under every policy, slot count, KV
+    budget and the first-token lookahead; greedy decoding is HF's ``generate`` as before."""
+    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine.from_pretrained(tiny_model_dir, sampler="torch")
+    host = TransformersEngine.from_pretrained(tiny_model_dir)
+    prompts, stop = tiny_prompts
+    greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=stop)
+    assert _tokens(engine.rollout(prompts, 2, greedy, capacity=SlotPool(3))) == _tokens(
+        host.rollout(prompts, 2, greedy, capacity=SlotPool(3)))
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=11)
+    full = engine.rollout(prompts, 8, params, policy="full")
+    assert _tokens(full) != _tokens(host.rollout(prompts, 8, params, policy="full"))  # another noise source
+    truth = [[len(t) for t in g] for g in _tokens(full)]
+    for policy, capacity, predictor in [("continuous", SlotPool(5), "none"), ("infinite", SlotPool(3), "history"),
+                                        ("infinite", KVBudget(700), "history"), ("oracle", SlotPool(4), "none"),
+                                        ("infinite", SlotPool(3), make_predictor("learned:k=8", max_len=MAX_NEW))]:
+        res = engine.rollout(prompts, 8, params, policy=policy, capacity=capacity, predictor=predictor,
+                             true_lengths=truth if policy == "oracle" else None)
+        assert _tokens(res) == _tokens(full), (policy, capacity)
+        for a, b in zip(res.outputs, full.outputs):
+            for x, y in zip(a, b):
+                np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=1e-5)
+    lengths = [len(t) for g in _tokens(full) for t in g]
+    assert len(set(lengths)) > 3  # the samples vary
+    assert engine.pool.in_use == 0
+    with pytest.raises(ValueError, match="sampler must be one of auto, numpy, torch"):
+        TransformersEngine(engine.model, sampler="cuda")

@@ -30,11 +30,36 @@ from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
-from .sampling import SamplingParams, distribution_stats, sample_shared, sample_stream, sample_tokens
+from . import sampling, torch_sampling
+from .sampling import SamplingParams
 
 
 _LOOKAHEAD_ROWS = 64  # samples drawn together by the first-token lookahead
 _SPENT_STREAM = np.random.Generator(np.random.PCG64(0))  # stands in for a stream whose first draw is made already
+SAMPLERS = ("auto", "numpy", "torch")
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    """Where tokens are drawn: ``numpy`` on the host (``sampling``; the logits are copied off the device each step)
+    or ``torch`` on the model's device (``torch_sampling``: the same rules, counter-based noise). Either way a
+    sample's tokens depend only on its seed, prompt and index, not on the schedule."""
+
+    name: str
+    stream: Callable
+    tokens: Callable
+    shared: Callable
+    stats: Callable
+    spent: object
+    on_device: bool
+
+
+_SAMPLERS = {
+    "numpy": _Sampler("numpy", sampling.sample_stream, sampling.sample_tokens, sampling.sample_shared,
+                      sampling.distribution_stats, _SPENT_STREAM, False),
+    "torch": _Sampler("torch", torch_sampling.counter_stream, torch_sampling.sample_tokens,
+                      torch_sampling.sample_shared, torch_sampling.distribution_stats, torch_sampling.SPENT, True),
+}
 
 
 @dataclass
@@ -61,7 +86,11 @@ class EngineRollout:
 
 
 class TransformersEngine:
-    def __init__(self, model, *, block_size: int = 16, kv_dtype: torch.dtype | None = None):
+    def __init__(self, model, *, block_size: int = 16, kv_dtype: torch.dtype | None = None, sampler: str = "auto"):
+        """``sampler``: ``numpy`` (host, float64), ``torch`` (the model's device, float64) or ``auto`` (torch on a
+        GPU, numpy on the CPU). The two draw different tokens for the same seed; each is schedule-invariant."""
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         cfg = model.config
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
             raise NotImplementedError("TransformersEngine supports full-attention decoders only (no sliding window)")
@@ -70,6 +99,9 @@ class TransformersEngine:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        if sampler == "auto":
+            sampler = "torch" if self.device.type == "cuda" else "numpy"
+        self._sampling = _SAMPLERS[sampler]
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, kv_dtype or self.dtype,
@@ -79,11 +111,11 @@ class TransformersEngine:
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                        block_size: int = 16) -> "TransformersEngine":
+                        block_size: int = 16, sampler: str = "auto") -> "TransformersEngine":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
-        return cls(model, block_size=block_size)
+        return cls(model, block_size=block_size, sampler=sampler)
 
     # --- the whole rollout ----------------------------------------------------------------------------------------
     def rollout(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
@@ -110,8 +142,9 @@ class TransformersEngine:
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
         self._keep_lookahead_kv = self._keeps_lookahead_kv(capacity, prompts, params.max_new_tokens)
         self._until_admission = self._keep_lookahead_kv and isinstance(capacity, KVBudget)
-        self._stream = lambda s: sample_stream(params.seed, groups[s.group].prompt_id, s.index if stream_indices
-                                               is None else int(stream_indices[s.group][s.index]))
+        self._stream = lambda s: self._sampling.stream(
+            params.seed, groups[s.group].prompt_id,
+            s.index if stream_indices is None else int(stream_indices[s.group][s.index]))
         try:
             sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
                                     fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts,
@@ -165,21 +198,23 @@ class TransformersEngine:
                 last.append(s.payload["tokens"][-1])
                 positions.append(len(self._prompts[s.group]) + fed - 1)
             out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts,
-                                q_len=1).numpy()
+                                q_len=1)
         rngs = [s.payload["rng"] for s in running]
         drawn: list[int] = []
         if out is not None and len(feeding) == len(running):
             rows = out
         else:  # samples admitted this step draw their first token from their group's prompt logits
-            rows = np.stack([self._prompt_logits[s.group] for s in running])
+            rows = torch.stack([self._prompt_logits[s.group] for s in running])
             if out is not None:
-                rows[feeding] = out
+                rows[torch.tensor(feeding)] = out
             # first tokens the lookahead drew already: their streams have moved past them
             drawn = [i for i, s in enumerate(running) if "first" in s.payload]
             for i in drawn:
-                rngs[i] = _SPENT_STREAM
+                rngs[i] = self._sampling.spent
         params = self._params
-        tokens, logprobs, logp = sample_tokens(rows, params, rngs, with_logp=True)
+        if not self._sampling.on_device:
+            rows = rows.numpy()
+        tokens, logprobs, logp = self._sampling.tokens(rows, params, rngs, with_logp=True)
         for i in drawn:
             tokens[i], logprobs[i] = running[i].payload.pop("first")
         finished, at_checkpoint = [], []
@@ -254,8 +289,9 @@ class TransformersEngine:
                 self._lookahead_dropped.add(g)
             for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] noise for big groups
                 part = group[lo:lo + _LOOKAHEAD_ROWS]
-                tokens, logprobs, logp = sample_shared(logits, params, [s.payload["rng"] for s in part])
-                entropy, stop = distribution_stats(logp, params.stop_token_ids)
+                tokens, logprobs, logp = self._sampling.shared(
+                    logits if self._sampling.on_device else logits.numpy(), params, [s.payload["rng"] for s in part])
+                entropy, stop = self._sampling.stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
                     s.payload["first"] = (token, logprob)
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
@@ -267,7 +303,7 @@ class TransformersEngine:
         from ..predict.features import TokenWindow
 
         t0 = time.perf_counter()
-        entropy, stop_logprob = distribution_stats(logp[at], self._params.stop_token_ids)
+        entropy, stop_logprob = self._sampling.stats(logp[at], self._params.stop_token_ids)
         reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
                    for i, h, sl in zip(at, entropy.tolist(), stop_logprob.tolist())]
         sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
@@ -300,7 +336,7 @@ class TransformersEngine:
     def _reset_batch(self) -> None:
         self._prompt_kv: dict[int, list[int]] = {}
         self._prompt_slots: dict[int, torch.Tensor] = {}
-        self._prompt_logits: dict[int, np.ndarray] = {}
+        self._prompt_logits: dict[int, torch.Tensor] = {}
         self._slots: dict[int, torch.Tensor] = {}
         self._lookahead_prefill_s: dict[int, float] = {}  # the lookahead's prompt passes: group -> seconds
         self._lookahead_dropped: set[int] = set()  # groups whose lookahead KV went (prefilled again when they open)
@@ -327,7 +363,7 @@ class TransformersEngine:
         self._prompt_slots[group] = self.pool.slots(blocks, len(tokens))
         out = self._forward(tokens[None], torch.arange(len(tokens))[None], [self._prompt_slots[group]],
                             q_len=len(tokens))
-        self._prompt_logits[group] = out[0].numpy()
+        self._prompt_logits[group] = out[0]
 
     def _ensure_blocks(self, s: Sample, fed: int) -> None:
         """Own blocks for ``fed`` tokens of ``s``; a new block only when the last one is full."""
@@ -343,9 +379,11 @@ class TransformersEngine:
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, contexts: list[torch.Tensor],
                  q_len: int) -> torch.Tensor:
-        """One forward pass; returns float32 logits of each row's last position, on CPU."""
+        """One forward pass; returns float32 logits of each row's last position (on the host for the numpy
+        sampler, on the model's device for the torch sampler)."""
         ctx = PagedContext(self.pool, contexts, q_len, self.dtype)
         out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device), past_key_values=ctx,
                          attention_mask={"full_attention": ctx.mask}, use_cache=False, logits_to_keep=1)
         self.forward_passes += 1
-        return out.logits[:, -1].float().cpu()
+        logits = out.logits[:, -1].float()
+        return logits if self._sampling.on_device else logits.cpu()
