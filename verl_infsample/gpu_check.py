@@ -118,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def _peak_memory(torch, device: str):
+def peak_device_memory(torch, device: str):
     if device != "cuda":
         return None
     torch.cuda.synchronize()
@@ -200,7 +200,7 @@ def run(a: argparse.Namespace) -> dict:
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         plain = engine.rollout_plain(prompts, n, params)
-        row["verl_vllm"] = _summary(plain, time.perf_counter() - t, _peak_memory(torch, device))
+        row["verl_vllm"] = _summary(plain, time.perf_counter() - t, peak_device_memory(torch, device))
         history = make_predictor("history", max_len=a.max_new_tokens)
         warm_params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=stop_ids, seed=a.seed + 1)
         engine.rollout(prompts, min(n, 32), warm_params, predictor=history)  # GRPO's previous epoch, briefly
@@ -208,7 +208,7 @@ def run(a: argparse.Namespace) -> dict:
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         ours = engine.rollout(prompts, n, params, policy="infinite", predictor=history)
-        row["infinite"] = _summary(ours, time.perf_counter() - t, _peak_memory(torch, device))
+        row["infinite"] = _summary(ours, time.perf_counter() - t, peak_device_memory(torch, device))
         row["steps_ratio_infinite_vs_verl"] = round(ours.vllm.engine_steps / max(1, plain.vllm.engine_steps), 3)
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)

@@ -34,7 +34,8 @@ import json
 import sys
 import time
 
-from .gpu_check import QWEN3_1_7B, TINY, apply_defaults, random_workload, report_main, workload_parser
+from .gpu_check import (QWEN3_1_7B, TINY, apply_defaults, peak_device_memory, random_workload, report_main,
+                        workload_parser)
 
 
 _DEFAULTS = {"n": ([32, 256, 1024], [8, 32]), "prompt_len": (256, 20), "max_new_tokens": (256, 48),
@@ -74,7 +75,7 @@ class _Meter:
     """Peak device memory over one row (torch's allocator; None on the CPU)."""
 
     def __init__(self, torch, device: str):
-        self.torch, self.cuda = torch, device == "cuda"
+        self.torch, self.device, self.cuda = torch, device, device == "cuda"
 
     def start(self) -> None:
         gc.collect()
@@ -83,10 +84,7 @@ class _Meter:
             self.torch.cuda.reset_peak_memory_stats()
 
     def peak(self):
-        if not self.cuda:
-            return None
-        self.torch.cuda.synchronize()
-        return int(self.torch.cuda.max_memory_allocated())
+        return peak_device_memory(self.torch, self.device)
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -116,8 +114,11 @@ def run(a: argparse.Namespace) -> dict:
     def engine() -> TransformersEngine:
         return TransformersEngine(model, block_size=a.block_size, sampler="torch")
 
-    engine().rollout(prompts, 2, SamplingParams(max_new_tokens=4, stop_token_ids=stop_ids, seed=a.seed + 2),
-                     policy="full")  # warm-up: kernels, allocator
+    warm_up = engine()  # kernels, allocator
+    warm_up.rollout(prompts, 2, SamplingParams(max_new_tokens=4, stop_token_ids=stop_ids, seed=a.seed + 2),
+                    policy="full")
+    bytes_per_token = warm_up.pool.stats.bytes_per_token
+    del warm_up
     results = []
     for n in a.n:
         row: dict = {"n": n, "prompts": a.prompts}
@@ -167,7 +168,7 @@ def run(a: argparse.Namespace) -> dict:
         "date": dt.date.today().isoformat(), "dry_run": a.dry_run, "engine": "TransformersEngine",
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "model": {"shape": "tiny-qwen3" if a.dry_run else "Qwen3-1.7B", "weights": "random", "dtype": str(dtype)},
-        "weights_bytes": weights, "kv_bytes_per_token": engine().pool.stats.bytes_per_token,
+        "weights_bytes": weights, "kv_bytes_per_token": bytes_per_token,
         "kv_budget_tokens": budget.tokens, "kv_budget_worst_case_seqs": a.kv_seqs,
         "block_size": a.block_size, "prompt_len": a.prompt_len, "max_new_tokens": a.max_new_tokens,
         "stop_tokens": stop_count, "total_s": round(time.perf_counter() - t_start, 1), "results": results,

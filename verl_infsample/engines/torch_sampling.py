@@ -64,6 +64,13 @@ def counter_stream(seed: int, prompt_id: str, index: int) -> CounterStream:
 SPENT = CounterStream(0)  # stands in for a stream whose draw was made already (its t is never advanced)
 
 
+def _advance(streams: list[CounterStream]) -> None:
+    """Each stream drew its token: the next draw is at the next position (``SPENT`` stays as it is)."""
+    for s in streams:
+        if s is not SPENT:
+            s.t += 1
+
+
 def uniforms(streams: list[CounterStream], vocab: int, device) -> torch.Tensor:
     """[len(streams), vocab] float64 uniforms in (0, 1) for each stream's current token; advances no stream."""
     keys = torch.tensor([s.key for s in streams], dtype=torch.int64, device=device)
@@ -111,9 +118,7 @@ def _gumbel_max(logp: torch.Tensor, keep: torch.Tensor, streams: list[CounterStr
         scores = torch.where(keep[rows], logp[rows] + gumbel, torch.tensor(-torch.inf, dtype=logp.dtype,
                                                                            device=logp.device))
         out.append(torch.argmax(scores, dim=1))
-    for s in streams:
-        if s is not SPENT:
-            s.t += 1
+    _advance(streams)
     return torch.cat(out)
 
 
@@ -122,11 +127,11 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, streams: list[Co
     """One token per row of ``logits`` [B, V] (on any device): (tokens, log-probs) as numpy arrays, and with
     ``with_logp`` the [B, V] log-probs drawn from (on the device, for ``distribution_stats``)."""
     logp, keep = distribution(logits, params)
-    tokens = torch.argmax(logp, dim=1) if keep is None else _gumbel_max(logp, keep, streams)
     if keep is None:
-        for s in streams:
-            if s is not SPENT:
-                s.t += 1
+        tokens = torch.argmax(logp, dim=1)
+        _advance(streams)
+    else:
+        tokens = _gumbel_max(logp, keep, streams)
     chosen = torch.gather(logp, 1, tokens[:, None])[:, 0]
     out = tokens.cpu().numpy(), chosen.cpu().numpy()
     return (*out, logp) if with_logp else out
@@ -138,8 +143,7 @@ def sample_shared(logits: torch.Tensor, params: SamplingParams, streams: list[Co
     logp, keep = distribution(logits[None, :], params)
     if keep is None:
         tokens = torch.argmax(logp[0]).repeat(len(streams))
-        for s in streams:
-            s.t += 1
+        _advance(streams)
     else:
         tokens = _gumbel_max(logp, keep, streams)
     return tokens.cpu().numpy(), logp[0, tokens].cpu().numpy(), logp
