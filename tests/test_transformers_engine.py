@@ -253,3 +253,49 @@ def test_the_device_sampler_keeps_every_schedule_exact(tiny_model_dir, tiny_prom
     assert engine.pool.in_use == 0
     with pytest.raises(ValueError, match="sampler must be one of auto, numpy, torch"):
         TransformersEngine(engine.model, sampler="cuda")
+
+
+@pytest.mark.parametrize("sampler", ["numpy", "torch"])
+def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir, tiny_prompts, monkeypatch,
+                                                                  sampler):
+    """A step draws its batch ``_SAMPLE_ROWS`` rows at a time, so the sampler's float64 [rows, vocab] temporaries
+    stay bounded as the batch grows (``full`` at n=1024 on Qwen3's vocabulary: ~1.2 GB each otherwise). Chunks of 3
+    rows give the same tokens, log-probs and checkpoint reports (entropy, stop mass) as one chunk of the batch, and
+    the sampler never sees more than 3 rows."""
+    import dataclasses
+
+    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.engines import transformers_engine as te
+
+    engine = te.TransformersEngine.from_pretrained(tiny_model_dir, sampler=sampler)
+    prompts, stop = tiny_prompts
+    params = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=3)
+
+    def run(rows):
+        monkeypatch.setattr(te, "_SAMPLE_ROWS", rows)
+        reports, widths = [], []
+        sampling = engine._sampling
+
+        def tokens(logits, *args, **kwargs):
+            widths.append(len(logits))
+            return sampling.tokens(logits, *args, **kwargs)
+
+        def observe(sched, running, at, stats):
+            reports.extend((running[i].uid, len(running[i].payload["tokens"]), h, sl) for i, (h, sl) in zip(at, stats))
+
+        monkeypatch.setattr(engine, "_sampling", dataclasses.replace(sampling, tokens=tokens))
+        monkeypatch.setattr(engine, "_report_tokens", observe)
+        try:  # a KV budget: the learned predictor is read at 1, 4 and k tokens; 2048 tokens keep ~40 rows running
+            res = engine.rollout(prompts, 8, params, policy="infinite", capacity=KVBudget(2048),
+                                 predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
+        finally:
+            monkeypatch.setattr(engine, "_sampling", sampling)
+        return res, reports, widths
+
+    whole, whole_reports, whole_widths = run(64)
+    chunked, chunked_reports, chunked_widths = run(3)
+    assert max(whole_widths) > 3 and max(chunked_widths) == 3
+    assert _tokens(chunked) == _tokens(whole)
+    assert [o.logprobs for g in chunked.outputs for o in g] == [o.logprobs for g in whole.outputs for o in g]
+    assert len(whole_reports) > 0 and sorted(chunked_reports) == sorted(whole_reports)
+    assert {k for _, k, _, _ in whole_reports} >= {4, 8}

@@ -34,7 +34,9 @@ from . import sampling, torch_sampling
 from .sampling import SamplingParams
 
 
-_LOOKAHEAD_ROWS = 64  # samples drawn together by the first-token lookahead
+# rows drawn together (a step's batch, a group's lookahead): bounds the sampler's float64 [rows, vocab] temporaries
+# (about 1.2 GB each for 1024 rows of Qwen3's 151,936 ids) whatever the batch, so `full`'s memory is its KV, not ours
+_SAMPLE_ROWS = 64
 _SPENT_STREAM = np.random.Generator(np.random.PCG64(0))  # stands in for a stream whose first draw is made already
 SAMPLERS = ("auto", "numpy", "torch")
 
@@ -212,18 +214,15 @@ class TransformersEngine:
             for i in drawn:
                 rngs[i] = self._sampling.spent
         params = self._params
-        if not self._sampling.on_device:
-            rows = rows.numpy()
-        tokens, logprobs, logp = self._sampling.tokens(rows, params, rngs, with_logp=True)
+        checkpoints = sched.token_checkpoints
+        reaching = [i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints]
+        tokens, logprobs, stats = self._draw(sched, rows, rngs, reaching)
         for i in drawn:
             tokens[i], logprobs[i] = running[i].payload.pop("first")
-        finished, at_checkpoint = [], []
-        checkpoints = sched.token_checkpoints
-        for i, (s, token, logprob) in enumerate(zip(running, tokens.tolist(), logprobs.tolist())):
+        finished = []
+        for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
             s.payload["logprobs"].append(logprob)
-            if len(s.payload["tokens"]) in checkpoints:
-                at_checkpoint.append(i)
             if token in params.stop_token_ids:
                 s.payload["finish"] = "stop"
             elif len(s.payload["tokens"]) >= params.max_new_tokens:
@@ -231,8 +230,8 @@ class TransformersEngine:
             else:
                 continue
             finished.append(s)
-        if at_checkpoint:
-            self._report_tokens(sched, running, at_checkpoint, logp)
+        if reaching:
+            self._report_tokens(sched, running, reaching, stats)
         self.pool.record(sched.stats.decode_steps + 1)
         return finished, 1
 
@@ -287,8 +286,8 @@ class TransformersEngine:
             if not self._keep_lookahead_kv:
                 self._free_prompt(g)
                 self._lookahead_dropped.add(g)
-            for lo in range(0, len(group), _LOOKAHEAD_ROWS):  # bounded [rows, vocab] noise for big groups
-                part = group[lo:lo + _LOOKAHEAD_ROWS]
+            for lo in range(0, len(group), _SAMPLE_ROWS):
+                part = group[lo:lo + _SAMPLE_ROWS]
                 tokens, logprobs, logp = self._sampling.shared(
                     logits if self._sampling.on_device else logits.numpy(), params, [s.payload["rng"] for s in part])
                 entropy, stop = self._sampling.stats(logp, params.stop_token_ids)
@@ -297,15 +296,40 @@ class TransformersEngine:
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
         return [out[s.uid] for s in samples]
 
-    def _report_tokens(self, sched: Scheduler, running: list[Sample], at: list[int], logp: np.ndarray) -> None:
-        """``running[at]`` reached one of the predictor's checkpoints: their tokens, log-probs, and the entropy and
-        stop mass of the distribution just drawn from, as plain numbers. The time counts as the predictor's."""
+    def _draw(self, sched: Scheduler, rows, rngs: list, report: list[int]) -> tuple[np.ndarray, np.ndarray, list]:
+        """A token and its log-prob for every row of ``rows`` [B, V], ``_SAMPLE_ROWS`` rows at a time (a row's token
+        depends only on its own logits and stream, so the chunks change nothing but the sampler's peak memory); for
+        the rows in ``report`` (ascending), the entropy and stop log-mass of the distribution each was drawn from,
+        in that order (the time of those counts as the predictor's)."""
+        tokens, logprobs, stats = [], [], []
+        wanted = iter(report)
+        nxt = next(wanted, None)
+        for lo in range(0, len(rngs), _SAMPLE_ROWS):
+            hi = min(lo + _SAMPLE_ROWS, len(rngs))
+            part = rows[lo:hi] if self._sampling.on_device else rows[lo:hi].numpy()
+            t, lp, logp = self._sampling.tokens(part, self._params, rngs[lo:hi], with_logp=True)
+            tokens.append(t)
+            logprobs.append(lp)
+            mine = []
+            while nxt is not None and nxt < hi:
+                mine.append(nxt - lo)
+                nxt = next(wanted, None)
+            if mine:
+                t0 = time.perf_counter()
+                entropy, stop_logprob = self._sampling.stats(logp[mine], self._params.stop_token_ids)
+                stats.extend(zip(entropy.tolist(), stop_logprob.tolist()))
+                sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+        return np.concatenate(tokens), np.concatenate(logprobs), stats
+
+    def _report_tokens(self, sched: Scheduler, running: list[Sample], at: list[int], stats: list) -> None:
+        """``running[at]`` reached one of the predictor's checkpoints: their tokens, log-probs, and (``stats``, in
+        the same order) the entropy and stop mass of the distribution just drawn from, as plain numbers. The time
+        counts as the predictor's."""
         from ..predict.features import TokenWindow
 
         t0 = time.perf_counter()
-        entropy, stop_logprob = self._sampling.stats(logp[at], self._params.stop_token_ids)
         reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
-                   for i, h, sl in zip(at, entropy.tolist(), stop_logprob.tolist())]
+                   for i, (h, sl) in zip(at, stats)]
         sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
         sched.observe_tokens(reports)
 
@@ -379,11 +403,12 @@ class TransformersEngine:
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, contexts: list[torch.Tensor],
                  q_len: int) -> torch.Tensor:
-        """One forward pass; returns float32 logits of each row's last position (on the host for the numpy
-        sampler, on the model's device for the torch sampler)."""
+        """One forward pass; returns the logits of each row's last position: float32 on the host for the numpy
+        sampler, in the model's dtype on its device for the torch sampler (which widens each chunk it draws from to
+        float64 itself: the same numbers, without a float32 copy of the whole [rows, vocab])."""
         ctx = PagedContext(self.pool, contexts, q_len, self.dtype)
         out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device), past_key_values=ctx,
                          attention_mask={"full_attention": ctx.mask}, use_cache=False, logits_to_keep=1)
         self.forward_passes += 1
-        logits = out.logits[:, -1].float()
-        return logits if self._sampling.on_device else logits.cpu()
+        logits = out.logits[:, -1]
+        return logits if self._sampling.on_device else logits.float().cpu()
