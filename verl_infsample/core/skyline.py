@@ -32,7 +32,7 @@ At run time (``InfiniteSamplingPolicy``) samples start in planned order, keeping
 a sample that ends before the next planned start may go first (backfill); once fewer or more samples run than the
 plan has at that point (predictions met reality), the next samples start as soon as they fit.
 
-Cost: each placement scans candidate starts (pruned by a few necessary tests, then checked in vectorised
+Cost: each placement scans candidate starts (pruned by a necessary test, then checked in vectorised
 windows), O(ticks scanned x sample ticks). Time is planned in ticks sized so that an average sample spans about
 ``TICKS_PER_SAMPLE`` of them (1 step per tick for short answers), each tick charged the most its steps hold, so the
 plan stays within budget. A batch that would exceed ``MAX_CELLS`` ((samples + groups) x planned ticks) is planned
@@ -114,9 +114,8 @@ class MemorySkyline:
         full = np.concatenate(([0], np.cumsum((self.use[window] > self.limit - footprint[0])
                                               | (self.running[window] >= self.max_running))))
         clear = np.flatnonzero(full[n:] == full[:-n])  # offsets whose whole span passes that test
-        probe = np.arange(n - 1, 0, -max(1, n // 16))[:16]  # ... and a few of its steps fit (cheap, prunes most)
-        if len(probe) and len(clear):
-            clear = clear[(self.use[t + clear[:, None] + probe] + footprint[probe] <= self.limit).all(axis=1)]
+        # ... then the whole test, on the candidates in order, WINDOW at a time: the first window nearly always holds
+        # the fit (filtering every candidate by a few probe steps first pruned only 7% of them, for 28% more time)
         for lo in range(0, len(clear), self.WINDOW):
             starts = t + clear[lo:lo + self.WINDOW]
             span = starts[:, None] + np.arange(n)
