@@ -244,3 +244,20 @@ def test_slot_plan_interleaves_groups_within_a_chunk_and_keeps_chunks_apart():
     assert res.plan["plan_chunks"] == 2
     first, second = sched.samples[:6], sched.samples[6:]
     assert max(s.admitted_at for s in first) <= min(s.admitted_at for s in second)
+
+
+def test_the_plan_counts_as_the_rollouts_scheduling_time():
+    """The plan is made when the scheduler is built, before the decode loop; the rollout's scheduler time (what
+    ``bench-engine`` reports as ``sched_overhead``) includes it. Under a KV budget the skyline plan is most of it."""
+    from verl_infsample.core import build_scheduler, synth_trace
+    from verl_infsample.core.sample import Group
+    from verl_infsample.engines.base import run_rollout
+    from verl_infsample.engines.simulated import SimulatedEngine
+
+    trace = synth_trace(4, 16, 256, "lognormal", seed=3)
+    sched = build_scheduler([Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace], "oracle",
+                            KVBudget(3000), "oracle", 256, true_lengths=[list(p.lengths) for p in trace])
+    assert sched.policy.plan_info["plan_method"] == "skyline" and sched.stats.plan_ms > 0
+    timing = run_rollout(SimulatedEngine(), sched)
+    assert timing.scheduler_s >= sched.stats.plan_ms / 1e3
+    assert timing.scheduler_share > 0

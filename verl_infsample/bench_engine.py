@@ -29,7 +29,7 @@ class EngineBenchRow:
     tokens_per_s: float
     total_tokens: int
     identical_to_full: bool
-    sched_overhead: float | None  # share of wall time in the scheduler's bookkeeping (None for hf-*)
+    sched_overhead: float | None  # share of wall time in the scheduler: its plan and its bookkeeping (None for hf-*)
     prefill_passes: int | None
     preemptions: int | None
 

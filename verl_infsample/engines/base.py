@@ -41,7 +41,8 @@ def check_batch(prompts: Sequence[Sequence[int]], n: int | Sequence[int], prompt
 
 @dataclass
 class LoopTiming:
-    """Where the wall time went: the scheduler's bookkeeping vs the engine's work."""
+    """Where the wall time went: the scheduler's work (its plan, made when it was built, and its bookkeeping in the
+    loop) vs the engine's."""
 
     scheduler_s: float = 0.0
     engine_s: float = 0.0
@@ -58,7 +59,7 @@ def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler],
 
     Any exception inside a step propagates: a rollout never returns partial groups.
     """
-    timing = LoopTiming()
+    timing = LoopTiming(scheduler_s=sched.stats.plan_ms / 1e3)  # the plan is this rollout's scheduling too
     clock = time.perf_counter
     while not sched.done:
         t0 = clock()
