@@ -94,7 +94,7 @@ def test_logprobs_match_a_full_forward(tiny_engine, tiny_prompts, reference):
     np.testing.assert_allclose(out.logprobs, expected.numpy(), atol=1e-4)
 
 
-def test_preempted_samples_resume_exactly(tiny_engine, tiny_prompts, reference):
+def test_preempted_samples_resume_exactly(tiny_engine, tiny_prompts, reference, monkeypatch):
     prompts, _ = tiny_prompts
     params, full = reference
 
@@ -107,11 +107,17 @@ def test_preempted_samples_resume_exactly(tiny_engine, tiny_prompts, reference):
         def observe(self, group, sample, length):
             pass
 
+    steps = []  # the engine's decoding steps
+    step = tiny_engine.step
+    monkeypatch.setattr(tiny_engine, "step", lambda sched: steps.append(1) or step(sched))
     budget = max(len(p) for p in prompts) + MAX_NEW + 40
     res = tiny_engine.rollout(prompts, 8, params, policy="infinite", capacity=KVBudget(budget),
                               predictor=Underpredict())
     assert res.stats.preemptions > 0 and res.stats.recompute_tokens > 0
     assert _tokens(res) == _tokens(full)
+    # rebuilding a preempted sample's KV is a forward pass of its own: counted in decode_steps, not hidden
+    assert 0 < res.stats.recompute_steps <= res.stats.preemptions
+    assert res.stats.decode_steps == len(steps) + res.stats.recompute_steps
 
 
 def test_bad_input_is_rejected(tiny_engine, tiny_prompts):

@@ -185,6 +185,7 @@ class TransformersEngine:
                 context = self._context(s, len(fed))
                 positions = torch.arange(len(fed)) + len(self._prompts[s.group])
                 self._forward(torch.tensor([fed]), positions[None], [context], q_len=len(fed))
+                sched.charge_recompute(1)  # a forward pass of its own: the price of the preemption, in steps
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         running = sched.running
