@@ -261,3 +261,35 @@ def test_the_plan_counts_as_the_rollouts_scheduling_time():
     timing = run_rollout(SimulatedEngine(), sched)
     assert timing.scheduler_s >= sched.stats.plan_ms / 1e3
     assert timing.scheduler_share > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.one_of(st.integers(1, 200).map(float),
+                                                          st.floats(1.0, 200.0, allow_nan=False))),
+                min_size=1, max_size=90),
+       st.sampled_from([2, 3, 16, 32]))
+def test_held_in_blocks_equals_every_sample_at_every_time(members, block):
+    """The projection's whole-block sum (by prefix counts above ``_DIRECT_UP_TO`` samples) equals the plain sum over
+    every sample at every candidate time (ties, fractional predictions, residues at block edges)."""
+    from verl_infsample.core.capacity import whole_blocks
+    from verl_infsample.core.scheduler import held_in_blocks
+
+    gen = np.array([g for g, _ in members], dtype=float)
+    rem = np.array([t for _, t in members])
+    order = np.argsort(-rem, kind="stable")
+    at, g = rem[order], gen[order]
+    plain = [sum(whole_blocks(g[i] + at[j], block) for i in range(len(at)) if at[i] >= at[j]) for j in range(len(at))]
+    np.testing.assert_array_equal(held_in_blocks(g, at, block), plain)
+
+
+def test_held_in_blocks_for_a_few_hundred_running_samples():
+    """The prefix-count path (past ``_DIRECT_UP_TO``) on hundreds of samples, with many ties and whole/half steps."""
+    from verl_infsample.core.capacity import whole_blocks
+    from verl_infsample.core.scheduler import _DIRECT_UP_TO, held_in_blocks
+
+    rng = np.random.default_rng(7)
+    for m, block in [(_DIRECT_UP_TO + 1, 16), (300, 16), (257, 5)]:
+        gen = rng.integers(0, 400, m).astype(float)
+        at = np.sort(rng.integers(2, 80, m) / rng.choice([1, 2], m))[::-1]
+        plain = (whole_blocks(gen[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)
+        np.testing.assert_array_equal(held_in_blocks(gen, at, block), plain)
