@@ -96,6 +96,7 @@ class PagedContext:
         self.pool, self.q_len = pool, q_len
         lengths = torch.tensor([len(c) for c in contexts])
         self.gather = torch.nn.utils.rnn.pad_sequence(contexts, batch_first=True).to(pool.device)  # pad: masked
+        self.gather_flat = self.gather.reshape(-1)
         width = self.gather.shape[1]
         # query qi of row b (its position n_b - q_len + qi) sees keys 0 .. n_b - q_len + qi: full prefix, causal tail
         limit = lengths[:, None] - q_len + torch.arange(q_len)[None, :] + 1  # [B, q_len]
@@ -108,11 +109,14 @@ class PagedContext:
         # key_states: [B, kv_heads, q_len, head_dim]
         b, h, q, d = key_states.shape
         flat = self.write.reshape(-1)
-        self.pool.k[layer_idx][flat] = key_states.transpose(1, 2).reshape(b * q, h, d).to(self.pool.dtype)
-        self.pool.v[layer_idx][flat] = value_states.transpose(1, 2).reshape(b * q, h, d).to(self.pool.dtype)
-        keys = self.pool.k[layer_idx][self.gather].transpose(1, 2)  # [B, kv_heads, width, head_dim]
-        values = self.pool.v[layer_idx][self.gather].transpose(1, 2)
-        return keys.to(key_states.dtype), values.to(value_states.dtype)
+        # index_copy_ / index_select rather than advanced indexing: the same copies, several times faster on a CPU
+        # (a [300 rows, 400 slots] gather: 6 ms instead of 29)
+        for store, states in ((self.pool.k, key_states), (self.pool.v, value_states)):
+            store[layer_idx].index_copy_(0, flat, states.transpose(1, 2).reshape(b * q, h, d).to(self.pool.dtype))
+        width = self.gather.shape[1]
+        keys = self.pool.k[layer_idx].index_select(0, self.gather_flat).view(b, width, h, d).transpose(1, 2)
+        values = self.pool.v[layer_idx].index_select(0, self.gather_flat).view(b, width, h, d).transpose(1, 2)
+        return keys.to(key_states.dtype), values.to(value_states.dtype)  # [B, kv_heads, width, head_dim]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
