@@ -342,7 +342,7 @@ def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndar
     if m <= _DIRECT_UP_TO:
         return (whole_blocks(generated[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)
     last = np.searchsorted(-at, -at, side="right") - 1  # the last sample still running at at[j] (ties included)
-    q, r = np.divmod(np.asarray(generated).astype(np.int64), block)
+    q, r = np.divmod(generated.astype(np.int64), block)
     at_least = np.zeros((m, block + 1), dtype=np.int64)  # at_least[k, v]: samples i <= k with r_i >= v
     at_least[np.arange(m), r] = 1
     at_least = np.cumsum(np.cumsum(at_least[:, ::-1], axis=1)[:, ::-1], axis=0)

@@ -22,9 +22,6 @@ import torch
 
 from .sampling import SamplingParams
 
-_ROWS_PER_CHUNK = 128  # rows hashed at once: bounds the [rows, vocab] int64 temporaries
-
-
 def _i64(c: int) -> int:
     """An unsigned 64-bit constant as the int64 with the same bits."""
     return c - (1 << 64) if c >= 1 << 63 else c
@@ -109,17 +106,12 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Te
 
 def _gumbel_max(logp: torch.Tensor, keep: torch.Tensor, streams: list[CounterStream]) -> torch.Tensor:
     """argmax of log p + Gumbel noise over the kept tokens, row b's noise from ``streams[b]`` (``logp`` / ``keep``
-    [B, V], or [1, V] shared by every stream); advances each stream by one token."""
-    out = []
-    for lo in range(0, len(streams), _ROWS_PER_CHUNK):
-        part = streams[lo:lo + _ROWS_PER_CHUNK]
-        rows = slice(lo, lo + len(part)) if logp.shape[0] > 1 else slice(0, 1)
-        gumbel = -torch.log(-torch.log(uniforms(part, logp.shape[1], logp.device)))
-        scores = torch.where(keep[rows], logp[rows] + gumbel, torch.tensor(-torch.inf, dtype=logp.dtype,
-                                                                           device=logp.device))
-        out.append(torch.argmax(scores, dim=1))
+    [B, V], or [1, V] shared by every stream); advances each stream by one token. Its temporaries are [B, V]: the
+    engine draws in chunks of rows (``transformers_engine._SAMPLE_ROWS``) to bound them."""
+    gumbel = -torch.log(-torch.log(uniforms(streams, logp.shape[1], logp.device)))
+    scores = torch.where(keep, logp + gumbel, torch.tensor(-torch.inf, dtype=logp.dtype, device=logp.device))
     _advance(streams)
-    return torch.cat(out)
+    return torch.argmax(scores, dim=1)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, streams: list[CounterStream], *,

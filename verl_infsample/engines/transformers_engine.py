@@ -17,6 +17,7 @@ Step-level batched decoding over the running set the scheduler hands it:
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -216,7 +217,8 @@ class TransformersEngine:
                 rngs[i] = self._sampling.spent
         params = self._params
         checkpoints = sched.token_checkpoints
-        reaching = [i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints]
+        reaching = ([i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints] if checkpoints
+                    else [])
         tokens, logprobs, stats = self._draw(sched, rows, rngs, reaching)
         for i in drawn:
             tokens[i], logprobs[i] = running[i].payload.pop("first")
@@ -303,18 +305,13 @@ class TransformersEngine:
         the rows in ``report`` (ascending), the entropy and stop log-mass of the distribution each was drawn from,
         in that order (the time of those counts as the predictor's)."""
         tokens, logprobs, stats = [], [], []
-        wanted = iter(report)
-        nxt = next(wanted, None)
         for lo in range(0, len(rngs), _SAMPLE_ROWS):
             hi = min(lo + _SAMPLE_ROWS, len(rngs))
             part = rows[lo:hi] if self._sampling.on_device else rows[lo:hi].numpy()
             t, lp, logp = self._sampling.tokens(part, self._params, rngs[lo:hi], with_logp=True)
             tokens.append(t)
             logprobs.append(lp)
-            mine = []
-            while nxt is not None and nxt < hi:
-                mine.append(nxt - lo)
-                nxt = next(wanted, None)
+            mine = [i - lo for i in report[bisect_left(report, lo):bisect_left(report, hi)]]
             if mine:
                 t0 = time.perf_counter()
                 entropy, stop_logprob = self._sampling.stats(logp[mine], self._params.stop_token_ids)
