@@ -169,6 +169,62 @@ def test_history_predicts_an_outgrown_sample_from_complete_earlier_rollouts():
     assert pred.predict_outgrown(g_a, s) == 700 and pred.predict_outgrown(g_b, s) == 700
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 300)), max_size=40), min_size=1, max_size=4),
+       st.lists(st.integers(0, 320), min_size=1, max_size=8))
+def test_history_outgrown_is_the_mean_of_the_kept_lengths_beyond(batches, generated):
+    """``predict_outgrown`` (sorted pools and suffix sums, rebuilt when the pools change) equals the plain mean of
+    the kept lengths beyond what a sample has, batch after batch, and after ``load_state``."""
+    from verl_infsample.core import Group, Sample
+
+    pred = make_predictor("history", max_len=1000)
+    groups = {g: Group(g, 1, 1) for g in "abcd"}
+
+    def brute(g, n):
+        for kept in (list(pred._lengths.get(g, ())), list(pred._all_lengths)):
+            longer = [x for x in kept if x > n]
+            if longer:
+                return sum(longer) / len(longer)
+        return 1000.0
+
+    for batch in batches:
+        for g, n in batch:
+            pred.observe(groups[g], None, n)
+        pred.start_batch(list(groups.values()))
+        for g in groups:
+            for n in generated:
+                s = Sample(uid=0, group=0, index=0, prompt_len=1, generated=n)
+                assert pred.predict_outgrown(groups[g], s) == brute(g, n)
+    copy = make_predictor("history", max_len=1000)
+    copy.predict_outgrown(groups["a"], Sample(uid=0, group=0, index=0, prompt_len=1, generated=0))  # (cached: none)
+    copy.load_state(pred.state())
+    for g in groups:
+        s = Sample(uid=0, group=0, index=0, prompt_len=1, generated=generated[0])
+        assert copy.predict_outgrown(groups[g], s) == brute(g, generated[0])
+
+
+def test_outgrown_predictions_count_as_the_predictors_time():
+    """Re-predicting samples that outgrew their prediction (every step under a KV budget) is the predictor's work:
+    it is in ``refine_ms``."""
+    import time
+
+    class SlowOutgrownHistory(type(make_predictor("history", max_len=100))):
+        calls = 0
+
+        def predict_outgrown(self, group, sample):
+            SlowOutgrownHistory.calls += 1
+            time.sleep(0.002)
+            return super().predict_outgrown(group, sample)
+
+    trace = [TracePrompt("p0", 8, (5, 40, 60, 90)), TracePrompt("p1", 8, (10, 70, 80, 100))]
+    pred = SlowOutgrownHistory(100)
+    simulate(trace, "infinite", KVBudget(400), pred, max_len=100)  # an earlier epoch: predictions of ~57
+    SlowOutgrownHistory.calls = 0
+    _, sched = simulate(trace, "infinite", KVBudget(400), pred, max_len=100, return_scheduler=True)
+    assert SlowOutgrownHistory.calls > 0
+    assert sched.stats.refine_ms >= 0.9 * 2.0 * SlowOutgrownHistory.calls
+
+
 def test_history_keeps_the_spread_of_a_big_rollout():
     from verl_infsample.core import Group, Sample
 

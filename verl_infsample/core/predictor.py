@@ -101,6 +101,9 @@ class HistoryPredictor:
         self._lengths: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=self.KEPT_PER_PROMPT))
         self._all_lengths: deque[int] = deque(maxlen=16 * self.KEPT_PER_PROMPT)
         self._this_batch: dict[str, list[int]] = defaultdict(list)  # finished in the rollout in progress
+        # a pool's lengths sorted, with suffix sums, for ``predict_outgrown`` (read every step under a KV budget;
+        # the pools change only between rollouts): prompt id (None: all prompts) -> (sorted, suffix sums)
+        self._tails: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
 
     def predict(self, group: Group, sample: Sample) -> float:
         if self._count.get(group.prompt_id):
@@ -126,6 +129,7 @@ class HistoryPredictor:
         self._all_lengths.extend(_spread([n for ls in self._this_batch.values() for n in ls],
                                          self._all_lengths.maxlen))
         self._this_batch.clear()
+        self._tails.clear()
 
     def state(self) -> dict:
         """What ``load_state`` restores (plain JSON types): the means' sums and the kept lengths."""
@@ -140,15 +144,24 @@ class HistoryPredictor:
         for prompt_id, lengths in state.get("lengths", {}).items():  # (states saved before session 6 have none)
             self._lengths[prompt_id].extend(lengths)
         self._all_lengths.extend(state.get("all_lengths", []))
+        self._tails.clear()
 
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """Mean of the kept lengths beyond ``sample.generated`` (its prompt's, else all), else ``max_len``."""
-        for kept in (self._lengths.get(group.prompt_id, ()), self._all_lengths):
-            longer = np.fromiter(kept, dtype=np.int64, count=len(kept))
-            longer = longer[longer > sample.generated]
-            if len(longer):
-                return float(longer.mean())
+        for key in (group.prompt_id, None):
+            lengths, suffix = self._tail(key)
+            first = int(np.searchsorted(lengths, sample.generated, side="right"))  # the first one longer
+            if first < len(lengths):
+                return float(suffix[first] / (len(lengths) - first))
         return float(self.max_len)
+
+    def _tail(self, key: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Pool ``key``'s lengths sorted and their suffix sums (exact integers), built once per rollout."""
+        if key not in self._tails:
+            kept = self._all_lengths if key is None else self._lengths.get(key, ())
+            lengths = np.sort(np.fromiter(kept, dtype=np.int64, count=len(kept)))
+            self._tails[key] = (lengths, np.cumsum(lengths[::-1])[::-1])
+        return self._tails[key]
 
 
 PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {

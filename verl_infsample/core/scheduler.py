@@ -39,7 +39,7 @@ class SchedulerStats:
     predict_ms: float = 0.0  # length predictions for the whole batch (first-token lookahead included)
     lookahead_prefills: int = 0  # prompt passes spent drawing first tokens before the plan (one per group)
     plan_ms: float = 0.0  # the policy's global plan (FPTAS, sorting), predictions excluded
-    refine_ms: float = 0.0  # a refining predictor's work while decoding: token features, learning, sibling updates
+    refine_ms: float = 0.0  # the predictor's work while decoding: token features, learning, siblings, outgrown samples
     # (decode step, KV tokens in use) after every step and every change of the running set: memory over time
     kv_timeline: list[tuple[int, int]] = field(default_factory=list)
 
@@ -152,20 +152,27 @@ class Scheduler:
 
     def _predict_outgrown(self) -> None:
         """Running samples that reached their predicted length and go on get the predictor's new estimate (otherwise
-        the projection has them end at the next step and admits into memory they will still grow into)."""
+        the projection has them end at the next step and admits into memory they will still grow into). The time
+        counts as the predictor's."""
+        t0 = time.perf_counter()
         for s in self.running:
             if s.generated >= s.predicted_len:
                 s.predicted_len = max(s.generated + 1.0, min(float(self.max_len),
                                                              self.predictor.predict_outgrown(self.groups[s.group], s)))
+        self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
 
     def _predicted_len(self, s: Sample) -> float:
         return float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
 
     def _repredict(self, samples: list[Sample]) -> None:
+        changed = []
         for s in samples:
-            s.predicted_len = self._predicted_len(s)
-        if samples:
-            self.policy.predictions_changed([s for s in samples if s.state is SampleState.WAITING])
+            new = self._predicted_len(s)
+            if new != s.predicted_len:
+                s.predicted_len = new
+                changed.append(s)
+        if changed:  # (the policy keeps what it had for the others)
+            self.policy.predictions_changed([s for s in changed if s.state is SampleState.WAITING])
 
     # --- ledger (read by the capacity model) --------------------------------------------------------------------
     @property

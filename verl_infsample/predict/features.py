@@ -58,6 +58,7 @@ class GroupContext:
     finished_log_len_sum: float = 0.0
     history_log_len: float | None = None  # mean log length of this prompt in earlier rollouts
     waiting: tuple | None = None  # (finished count, features, prediction) shared by its samples not yet started
+    blank: tuple | None = None  # (finished count, features with no token yet): every sample's k = 0 snapshot
 
 
 # layout of the feature vector

@@ -152,7 +152,7 @@ class LearnedPredictor:
         live = self._live.get((group.prompt_id, sample.index)) if sample is not None else None
         if live is None or not live.snapshots:  # not started: the group's shared prediction
             if ctx.waiting is None or ctx.waiting[0] != ctx.finished:
-                x = feature_vector(ctx, None)
+                x = self._blank(ctx)
                 ctx.waiting = (ctx.finished, x, self._final(group, sample, 0, x, 0))
             return ctx.waiting[2]
         if sample.generated == 0 and live.siblings != ctx.finished:  # not started: its siblings as of now
@@ -162,6 +162,13 @@ class LearnedPredictor:
             ci, x = live.snapshots[-1]
             live.cached = self._final(group, sample, ci, x, live.generated)
         return live.cached
+
+    def _blank(self, ctx: GroupContext) -> np.ndarray:
+        """The features of a sample with no token yet, siblings as of now: one vector per group and sibling count
+        (every sample's k = 0 snapshot; the waiting samples' shared prediction)."""
+        if ctx.blank is None or ctx.blank[0] != ctx.finished:
+            ctx.blank = (ctx.finished, feature_vector(ctx, None))
+        return ctx.blank[1]
 
     def _final(self, group: Group, sample: Sample | None, ci: int, x: np.ndarray, generated: int) -> float:
         final = self._regress(ci, x)
@@ -178,7 +185,7 @@ class LearnedPredictor:
             live = self._live[key] = _LiveSample()
         ctx = self._context(group)
         if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
-            live.snapshots.append((0, feature_vector(ctx, None)))
+            live.snapshots.append((0, self._blank(ctx)))
         n = len(window.token_ids)
         if n not in self.token_checkpoints or n <= live.generated:
             return False
@@ -205,7 +212,7 @@ class LearnedPredictor:
         elif ctx.waiting is not None:  # no tokens seen (a simulator): the features it was predicted from
             snapshots = [(0, ctx.waiting[1])]
         else:
-            snapshots = [(0, feature_vector(ctx, None))]
+            snapshots = [(0, self._blank(ctx))]
         opening = live.opening if live is not None else ()
         for ci, x in snapshots:
             remaining = length - self.checkpoints[ci]
