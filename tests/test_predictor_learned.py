@@ -317,9 +317,12 @@ def test_eval_predictor_cli_on_traces(tmp_path):
     write_trace(_token_trace(6, 16, 99), tmp_path / "test.jsonl")
     exe = Path(sys.executable).parent / "infsample"
     proc = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl"), *train, "--k", "8",
-                           "--max-len", "200", "--json"], capture_output=True, text=True, check=True)
+                           "--max-len", "200", "--json", "--plot", str(tmp_path / "eval.png")],
+                          capture_output=True, text=True, check=True)
     d = json.loads(proc.stdout)
     assert {"kendall_tau", "mae", "steps_vs_oracle", "decode_steps"} <= set(d)
+    assert "scored" not in d  # the per-sample predictions are drawn, not printed
+    assert (tmp_path / "eval.png").read_bytes().startswith(b"\x89PNG")
     assert d["kendall_tau"] > 0.5 and d["steps_vs_oracle"] >= 1.0
     assert set(d["decode_steps"]) == {"learned", "history", "none", "oracle"}
     assert d["capacity"] == "slots=8" and set(d["preemptions"].values()) == {0}
@@ -335,6 +338,34 @@ def test_eval_predictor_cli_on_traces(tmp_path):
     small = subprocess.run([str(exe), "eval-predictor", "--trace", str(tmp_path / "test.jsonl"), *train, "--max-len",
                             "200", "--kv-budget", "150"], capture_output=True, text=True)
     assert small.returncode == 2 and "--kv-budget 150 fits no sample" in small.stderr
+
+
+def test_the_evaluation_plot_draws_every_scored_sample(tmp_path, monkeypatch):
+    """``--plot``: one point per scored test sample and predictor (at its true and predicted remaining length), and
+    one bar per predictor at its decode steps relative to oracle's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from verl_infsample.plots import plot_predictor_evaluation
+    from verl_infsample.predict.evaluate import evaluate_predictor
+
+    train = [_token_trace(8, 16, seed) for seed in range(3)]
+    result, _ = evaluate_predictor(train, _token_trace(4, 16, 98), k=8, max_len=200)
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig))
+    plot_predictor_evaluation(result, str(tmp_path / "eval.png"))
+    left, right = drawn[0].axes
+    points = [c.get_offsets() for c in left.collections]
+    true = result.scored.true
+    assert len(points) == 2 and len(true) == result.test_samples - sum(n <= 8 for p in _token_trace(4, 16, 98)
+                                                                         for n in p.lengths)
+    for xy, predicted in zip(points, (result.scored.history, result.scored.learned)):
+        assert np.allclose(xy[:, 0], true) and np.allclose(xy[:, 1], predicted)
+    heights = [bar.get_height() for bar in right.patches]
+    oracle = result.decode_steps["oracle"]
+    assert np.allclose(heights, [result.decode_steps[n] / oracle for n in ("learned", "history", "none", "oracle")])
 
 
 # --- the tiny model whose first tokens tell the length (variant "modes") ----------------------------------------

@@ -1,4 +1,5 @@
-"""Pictures people would rather see than read: memory over time per policy, steps per seed per run."""
+"""Pictures people would rather see than read: memory over time per policy, steps per seed per run, a length
+predictor's predictions against the truth."""
 
 from __future__ import annotations
 
@@ -49,5 +50,46 @@ def plot_seed_sweep(panels: dict[str, list[dict]], runs: tuple[str, ...], path: 
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(runs), fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_predictor_evaluation(evaluation, path: str) -> None:
+    """``infsample eval-predictor --plot``: left, each test sample's predicted remaining length at k against its true
+    one (log-log; on the diagonal a prediction is exact), ``learned`` and ``history``, Kendall tau in the legend;
+    right, the decode steps the scheduler reaches with each predictor, relative to ``oracle``'s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    e, scored = evaluation, evaluation.scored
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.3), gridspec_kw={"width_ratios": [1.25, 1]})
+    if scored is not None and len(scored.true):
+        for name, predicted, tau, style in (("history", scored.history, e.history_kendall_tau, dict(color="0.6")),
+                                            (e.predictor, scored.learned, e.kendall_tau, dict(color="tab:blue"))):
+            left.scatter(scored.true, predicted, s=9, alpha=0.55, label=f"{name} (tau {tau:.2f})", **style)
+        lo = max(1.0, float(min(scored.true.min(), scored.learned.min(), scored.history.min())))
+        hi = float(max(scored.true.max(), scored.learned.max(), scored.history.max()))
+        left.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="exact")
+        left.set_xscale("log")
+        left.set_yscale("log")
+        left.legend(fontsize=8, loc="upper left")
+    left.set_xlabel(f"true remaining length after k={e.k} tokens")
+    left.set_ylabel("predicted remaining length")
+    left.set_title(f"{e.test_samples} test samples of unseen prompts", fontsize=10)
+    left.grid(alpha=0.3, which="both")
+    names = list(e.decode_steps)
+    ratios = [e.decode_steps[n] / e.decode_steps["oracle"] for n in names]
+    bars = right.bar(range(len(names)), ratios, color=["tab:blue", "0.6", "0.8", "black"][:len(names)])
+    for bar, n in zip(bars, names):
+        right.annotate(f"{e.decode_steps[n]}" + (f"\n{e.preemptions[n]} preempted" if e.preemptions.get(n) else ""),
+                       (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    right.set_xticks(range(len(names)), [e.predictor if n == "learned" else n for n in names], fontsize=8)
+    right.set_ylabel("decode steps / oracle's")
+    right.set_ylim(min(0.9, min(ratios) - 0.05), max(ratios) * 1.12)
+    right.set_title(f"infinite under {e.capacity}", fontsize=10)
+    right.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -22,7 +22,7 @@ import copy
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -91,6 +91,16 @@ def record_rollout(engine, prompts: list[list[int]], prompt_ids: list[str], grou
 
 
 @dataclass
+class ScoredPredictions:
+    """Every scored test sample (longer than k tokens), in one order: its true remaining length at k and what
+    ``learned`` and ``history`` predicted for it there (what ``--plot`` draws)."""
+
+    true: np.ndarray
+    learned: np.ndarray
+    history: np.ndarray
+
+
+@dataclass
 class PredictionQuality:
     k: int
     samples: int  # test samples longer than k tokens
@@ -98,6 +108,7 @@ class PredictionQuality:
     mae: float  # tokens of remaining length
     history_kendall_tau: float
     history_mae: float
+    scored: ScoredPredictions
 
 
 def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor, k: int, slots: int, max_len: int,
@@ -137,7 +148,8 @@ def _quality(trace: list[TracePrompt], k: int, learned: dict, history: dict) -> 
     hp = np.array([history[key] for key in keys])
     mae = (lambda p: round(float(np.abs(p - true).mean()), 2) if keys else math.nan)
     return PredictionQuality(k=k, samples=len(keys), kendall_tau=round(kendall_tau(lp, true), 4), mae=mae(lp),
-                             history_kendall_tau=round(kendall_tau(hp, true), 4), history_mae=mae(hp))
+                             history_kendall_tau=round(kendall_tau(hp, true), 4), history_mae=mae(hp),
+                             scored=ScoredPredictions(true, lp, hp))
 
 
 @dataclass
@@ -162,9 +174,11 @@ class PredictorEvaluation:
     cost: dict = field(default_factory=dict)  # the predictor's share of real decode time (--model only)
     ceiling_kendall_tau: float | None = None  # Monte Carlo best at k tokens (--ceiling N, --model only)
     ceiling_continuations: int = 0
+    scored: ScoredPredictions | None = field(default=None, repr=False, metadata={"json": False})  # per sample
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The figures, as plain JSON types (the per-sample predictions left out)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)}
 
 
 def evaluate_predictor(train: list[list[TracePrompt]], test: list[TracePrompt], *, spec: str = "learned:k=8",
@@ -197,7 +211,7 @@ def evaluate_predictor(train: list[list[TracePrompt]], test: list[TracePrompt], 
         decode_steps=steps, preemptions={name: r.preemptions for name, r in runs.items()},
         steps_vs_oracle=round(steps["learned"] / steps["oracle"], 4),
         history_steps_vs_oracle=round(steps["history"] / steps["oracle"], 4),
-        lower_bound_steps=oracle.lower_bound_steps, trained_checkpoints=trained), warm
+        lower_bound_steps=oracle.lower_bound_steps, trained_checkpoints=trained, scored=q.scored), warm
 
 
 # --- the tiny model (or any local model) -----------------------------------------------------------------------------
@@ -320,6 +334,9 @@ def add_eval_predictor_parser(sub) -> None:
                         "each test sample N times from its first k tokens (0: off; 24 is plenty)")
     p.add_argument("--threads", type=int, default=1, help="--model: torch threads")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw predicted against true remaining length at k (learned and history) and the decode "
+                        "steps each predictor reaches, next to oracle's")
     p.set_defaults(func=_cmd_eval_predictor)
 
 
@@ -370,6 +387,10 @@ def _cmd_eval_predictor(args) -> int:
             result.ceiling_kendall_tau = round(kendall_tau([best[key] for key in keys],
                                                            [test[g].lengths[i] - args.k for g, i in keys]), 4)
             result.ceiling_continuations = args.ceiling
+    if args.plot:
+        from ..plots import plot_predictor_evaluation
+
+        plot_predictor_evaluation(result, args.plot)
     if args.json:
         print(json.dumps(result.as_dict()))
         return 0
