@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -60,14 +62,15 @@ def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
     assert all(r["seeds_infinite_within_8pct"] == 6 for r in rows if r["predictor"] == "oracle")
 
 
-def test_the_transformers_gpu_check_dry_run(capsys):
+def test_the_transformers_gpu_check_dry_run(capsys, tmp_path):
     """gpu_check_transformers --dry-run (what scripts/gpu_check_transformers.sh --dry-run runs): the GPU check's
     comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV budget
     and draw exactly full's tokens."""
     from verl_infsample import gpu_check_transformers
 
-    assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf"]) == 0
+    assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf", "--out", str(tmp_path / "r.json")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "r.json").read_text()) == report
     (row,) = report["results"]
     assert row["n"] == 16 and set(row) == {"n", "prompts", "infinite", "plain", "full"}
     budget = report["kv_budget_tokens"]
@@ -76,3 +79,35 @@ def test_the_transformers_gpu_check_dry_run(capsys):
         assert row[name]["tokens"] == row["full"]["tokens"] > 16
     kv_budget_bytes = budget * report["kv_bytes_per_token"]
     assert row["infinite"]["peak_kv_bytes"] <= kv_budget_bytes < row["full"]["peak_kv_bytes"]
+
+
+def test_a_gpu_check_report_is_drawn_per_path_against_rollout_n(tmp_path, monkeypatch):
+    """--plot-from REPORT.json (a GPU machine's report, drawn here): per path, its peak KV and decode steps at each
+    rollout.n it ran (a skipped row is left out), and a clear error for a file that is not a report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from verl_infsample import gpu_check_transformers
+
+    def path(kv, steps):
+        return {"peak_gpu_memory_bytes": None, "peak_kv_bytes": kv, "decode_steps": steps}
+
+    report = {"date": "2026-12-01", "device": "cpu", "model": {"shape": "tiny-qwen3"}, "prompt_len": 20,
+              "max_new_tokens": 48, "kv_budget_tokens": 100, "kv_bytes_per_token": 1024, "results": [
+                  {"n": 8, "prompts": 2, "full": path(2**20, 50), "infinite": path(2**19, 60)},
+                  {"n": 32, "prompts": 2, "full": path(2**22, 70), "infinite": {"skipped": "past --budget-s 1"}}]}
+    (tmp_path / "r.json").write_text(json.dumps(report) + "\n")
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig))
+    drawing = ["--plot-from", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
+    assert gpu_check_transformers.main(drawing) == 0
+    mem, steps = drawn[0].axes
+    lines = {line.get_label(): line.get_xydata().tolist() for line in mem.lines + steps.lines}
+    assert lines["full: KV in use"] == [[8, 1.0], [32, 4.0]] and lines["infinite: KV in use"] == [[8, 0.5]]
+    assert lines["full"] == [[8, 50], [32, 70]] and lines["infinite"] == [[8, 60]]
+    assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
+    (tmp_path / "bad.json").write_text("not json\n")
+    with pytest.raises(SystemExit, match="not a GPU check report"):
+        gpu_check_transformers.main(["--plot-from", str(tmp_path / "bad.json"), "--plot", str(tmp_path / "b.png")])

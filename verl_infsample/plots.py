@@ -1,5 +1,5 @@
 """Pictures people would rather see than read: memory over time per policy, steps per seed per run, a length
-predictor's predictions against the truth."""
+predictor's predictions against the truth, memory against rollout.n (the GPU checks)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,52 @@ def plot_predictor_evaluation(evaluation, path: str) -> None:
     right.set_ylim(min(0.9, min(ratios) - 0.05), max(ratios) * 1.12)
     right.set_title(f"infinite under {e.capacity}", fontsize=10)
     right.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_gpu_check(report: dict, path: str) -> None:
+    """A GPU check's report (``gpu_check``, ``gpu_check_transformers``): per path, peak KV in use (solid) and peak
+    device memory (dashed, where measured) against rollout.n, and decode steps against rollout.n. Rows a path
+    skipped or could not run (out of memory) are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    paths = list(dict.fromkeys(k for r in rows for k, v in r.items() if isinstance(v, dict) and "decode_steps" in v))
+    fig, (mem, steps) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for i, name in enumerate(paths):
+        color = f"C{i}"
+        ran = [(r["n"], r[name]) for r in rows if isinstance(r.get(name), dict) and "decode_steps" in r[name]]
+        ns = [n for n, _ in ran]
+        mem.plot(ns, [v["peak_kv_bytes"] / 2**20 for _, v in ran], "o-", color=color, label=f"{name}: KV in use")
+        device = [(n, v["peak_gpu_memory_bytes"]) for n, v in ran if v.get("peak_gpu_memory_bytes")]
+        if device:
+            mem.plot(*zip(*[(n, b / 2**20) for n, b in device]), "s--", color=color, alpha=0.7,
+                     label=f"{name}: device peak")
+        steps.plot(ns, [v["decode_steps"] for _, v in ran], "o-", color=color, label=name)
+    budget = (report["kv_budget_tokens"] * report["kv_bytes_per_token"] if "kv_budget_tokens" in report
+              else report.get("kv_bytes"))  # (TransformersEngine's budget; vLLM's whole KV cache)
+    if budget:
+        mem.axhline(budget / 2**20, color="black", linewidth=0.8, linestyle=":", label="KV budget")
+    all_n = sorted({r["n"] for r in rows})
+    for ax, label in ((mem, "MiB"), (steps, "decode steps")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(all_n, [str(n) for n in all_n])
+        ax.minorticks_off()
+        ax.set_xlabel("rollout.n (samples per prompt)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    mem.set_ylim(bottom=0)
+    mem.legend(fontsize=7)
+    steps.legend(fontsize=8)
+    model = report.get("model", {})
+    fig.suptitle(f"{model.get('shape', '?')} on {report.get('device', '?')}: {rows[0]['prompts'] if rows else 0} "
+                 f"prompts of {report.get('prompt_len')} tokens, up to {report.get('max_new_tokens')} new tokens "
+                 f"({report.get('date', '')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
