@@ -83,14 +83,11 @@ def report_main(run, parse, argv=None) -> int:
 
 
 def _draw(report: dict, path: str) -> None:
-    try:
-        from .plots import plot_gpu_check
-    except ImportError as e:  # the plot is a convenience: the report is printed already
-        print(f"--plot: cannot draw ({e}); draw it elsewhere with --plot-from REPORT.json", file=sys.stderr)
-        return
+    from .plots import plot_gpu_check
+
     try:
         plot_gpu_check(report, path)
-    except ImportError as e:  # (matplotlib missing, e.g. on a bare GPU image)
+    except ImportError as e:  # no matplotlib (a bare GPU image): the report is printed already, draw it elsewhere
         print(f"--plot: cannot draw ({e}); draw it elsewhere with --plot-from REPORT.json", file=sys.stderr)
         return
     print(f"wrote {path}", file=sys.stderr)
