@@ -136,7 +136,7 @@ def test_bad_input_is_rejected(tiny_engine, tiny_prompts):
 def test_an_exception_in_a_step_fails_the_whole_rollout(tiny_engine, tiny_prompts, monkeypatch):
     prompts, stop = tiny_prompts
     calls = {"n": 0}
-    real = tiny_engine._forward
+    real = tiny_engine._run  # every forward pass: prefill, recompute, decode
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -144,7 +144,7 @@ def test_an_exception_in_a_step_fails_the_whole_rollout(tiny_engine, tiny_prompt
             raise RuntimeError("device fell over")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine, "_forward", flaky)
+    monkeypatch.setattr(tiny_engine, "_run", flaky)
     with pytest.raises(RuntimeError, match="device fell over"):
         tiny_engine.rollout(prompts, 4, SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop),
                             policy="infinite", capacity=SlotPool(3))

@@ -9,9 +9,11 @@ Step-level batched decoding over the running set the scheduler hands it:
   pass's KV is the group's prefill when the batch's prompts fit (under M slots: the plan's open-prompt allowance;
   under a KV budget: the budget, and only for the groups the first admission opens);
 * each step feeds every running sample its last token in one batched forward pass, rows padded only to this
-  step's longest context; a finished sample frees its blocks and the scheduler refills the slot at once;
-* attention runs through the model's own attention code (sdpa/eager) over a paged KV store (``kv_blocks``), passed
-  as a duck-typed ``Cache``: no model code is rewritten.
+  step's longest own context; a finished sample frees its blocks and the scheduler refills the slot at once;
+* attention runs through the model's own code over a paged KV store (``kv_blocks``), passed as a duck-typed
+  ``Cache``: no model code is rewritten. Prefill passes attend with sdpa; a decode step reads each group's prompt
+  once for all its rows (``shared_prefix``: cascade attention, registered with transformers as ``infsample_paged``,
+  which is sdpa for every other input).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
+from .shared_prefix import SharedPromptDecode, use_shared_prefix_attention
 from . import sampling, torch_sampling
 from .sampling import SamplingParams
 
@@ -97,8 +100,7 @@ class TransformersEngine:
         cfg = model.config
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
             raise NotImplementedError("TransformersEngine supports full-attention decoders only (no sliding window)")
-        if cfg._attn_implementation not in ("sdpa", "eager"):
-            model.set_attn_implementation("sdpa")
+        use_shared_prefix_attention(model)  # sdpa, but a decode step reads each group's prompt once (shared_prefix)
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -193,16 +195,17 @@ class TransformersEngine:
         feeding = [i for i, s in enumerate(running) if s.payload["tokens"]]
         out = None
         if feeding:
-            contexts, last, positions = [], [], []
+            groups, own, last, positions = [], [], [], []
             for i in feeding:
                 s = running[i]
                 fed = len(s.payload["tokens"])  # after this pass, every token but none new is in the KV
                 self._ensure_blocks(s, fed)
-                contexts.append(self._context(s, fed))
+                groups.append(s.group)
+                own.append(self._slots[s.uid][:fed])
                 last.append(s.payload["tokens"][-1])
                 positions.append(len(self._prompts[s.group]) + fed - 1)
-            out = self._forward(torch.tensor(last)[:, None], torch.tensor(positions)[:, None], contexts,
-                                q_len=1)
+            out = self._run(torch.tensor(last)[:, None], torch.tensor(positions)[:, None],
+                            SharedPromptDecode(self.pool, groups, self._prompt_slots, own), mask=None)
         rngs = [s.payload["rng"] for s in running]
         drawn: list[int] = []
         if out is not None and len(feeding) == len(running):
@@ -398,15 +401,20 @@ class TransformersEngine:
     def _context(self, s: Sample, fed: int) -> torch.Tensor:
         return torch.cat([self._prompt_slots[s.group], self._slots[s.uid][:fed]])
 
-    @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, contexts: list[torch.Tensor],
                  q_len: int) -> torch.Tensor:
         """One forward pass; returns the logits of each row's last position: float32 on the host for the numpy
         sampler, in the model's dtype on its device for the torch sampler (which widens each chunk it draws from to
         float64 itself: the same numbers, without a float32 copy of the whole [rows, vocab])."""
         ctx = PagedContext(self.pool, contexts, q_len, self.dtype)
+        return self._run(ids, positions, ctx, ctx.mask)
+
+    @torch.inference_mode()
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, ctx, mask) -> torch.Tensor:
+        """The model over ``ids`` with the KV view ``ctx`` (``PagedContext``, or ``SharedPromptDecode`` for a decode
+        step, which needs no mask); the logits of each row's last position, as ``_forward`` says."""
         out = self.model(input_ids=ids.to(self.device), position_ids=positions.to(self.device), past_key_values=ctx,
-                         attention_mask={"full_attention": ctx.mask}, use_cache=False, logits_to_keep=1)
+                         attention_mask={"full_attention": mask}, use_cache=False, logits_to_keep=1)
         self.forward_passes += 1
         logits = out.logits[:, -1]
         return logits if self._sampling.on_device else logits.float().cpu()
