@@ -349,3 +349,36 @@ def test_held_in_blocks_for_a_few_hundred_running_samples():
         at = np.sort(rng.integers(2, 80, m) / rng.choice([1, 2], m))[::-1]
         plain = (whole_blocks(gen[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)
         np.testing.assert_array_equal(held_in_blocks(gen, at, block), plain)
+
+
+def test_an_admission_round_reads_the_running_set_once(monkeypatch):
+    """Under a KV budget every candidate is checked against the running set's projected peak; the running set is
+    turned into arrays once per admission round (then extended by what it admits), not once per candidate."""
+    from verl_infsample.core import Scheduler
+    from verl_infsample.core.capacity import SampleArrays
+
+    builds, checks, per_round = [0], [0], []
+    real_of, real_peak, real_admit = SampleArrays.of.__func__, Scheduler.projected_peak_tokens, Scheduler.admit
+
+    def of(cls, samples):
+        builds[0] += 1
+        return real_of(cls, samples)
+
+    def peak(self, extra=None, block_size=1):
+        checks[0] += 1
+        return real_peak(self, extra, block_size)
+
+    def admit(self):
+        before = builds[0]
+        out = real_admit(self)
+        per_round.append(builds[0] - before)
+        return out
+
+    monkeypatch.setattr(SampleArrays, "of", classmethod(of))
+    monkeypatch.setattr(Scheduler, "projected_peak_tokens", peak)
+    monkeypatch.setattr(Scheduler, "admit", admit)
+    trace = [TracePrompt(f"p{g}", 20, tuple(int(n) for n in np.random.default_rng(g).integers(5, 120, 64)))
+             for g in range(4)]
+    res = simulate(trace, "infinite", KVBudget(3000, block_size=16), "noisy:0.3", max_len=120)
+    assert res.peak_kv_tokens <= 3000 and checks[0] > 2 * len(per_round)  # several candidates per round
+    assert max(per_round) == 1

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .capacity import Capacity, KVBudget, SlotPool, whole_blocks
+from .capacity import Capacity, KVBudget, SampleArrays, SlotPool, whole_blocks
 from .policies import Policy, make_policy
 from .predictor import LengthPredictor, make_predictor
 from .sample import Group, Sample, SampleState
@@ -78,6 +78,7 @@ class Scheduler:
         # is prefilled once however the plan spreads its samples. Under a KV budget memory comes first: an idle
         # group's prompt is dropped and rebuilt when its next sample enters (counted in prefill_passes).
         self._retain_idle_prompts = not isinstance(capacity, KVBudget)
+        self._admitting, self._arrays = False, None  # the running set as arrays, during an admission round
         self._finished = 0
         self.stats = SchedulerStats()
         # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
@@ -190,25 +191,34 @@ class Scheduler:
         in whole blocks of that many tokens (what a paged store allocates). Read under a KV budget only, where a
         group holds its prompt exactly while one of its samples runs.
         """
-        members = self.running if extra is None else [*self.running, extra]
-        if not members:
+        members = self.running_arrays() if extra is None else self.running_arrays().plus(extra)
+        if not len(members):
             return 0
-        rem = np.array([s.remaining_predicted() for s in members])
-        gen = np.array([s.generated for s in members], dtype=float)
+        rem, gen = members.remaining, members.generated.astype(float)
         order = np.argsort(-rem, kind="stable")
         at = rem[order]  # candidate peak times, latest first
         if block_size == 1:
             sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
         else:  # a sample still running at candidate time at[j] (rem >= at[j]) holds whole blocks then
             sample_tokens = held_in_blocks(gen[order], at, block_size)
-        group_end: dict[int, float] = {}  # a prompt is held until its group's last running sample ends
-        for s, r in zip(members, rem.tolist()):
-            group_end[s.group] = max(group_end.get(s.group, 0.0), r)
-        ends = np.array(sorted(group_end.values(), reverse=True))
-        prompts = np.cumsum([whole_blocks(self.groups[g].prompt_len, block_size)
-                             for g in sorted(group_end, key=group_end.get, reverse=True)])
+        _, prompt_lens, which = members.group_prompts()
+        group_end = np.zeros(len(prompt_lens))  # a prompt is held until its group's last running sample ends
+        np.maximum.at(group_end, which, rem)
+        latest = np.argsort(-group_end, kind="stable")
+        ends = group_end[latest]
+        prompts = np.cumsum(whole_blocks(prompt_lens[latest], block_size))
         held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
         return int(np.max(sample_tokens + prompts[held - 1]))
+
+    def running_arrays(self) -> SampleArrays:
+        """The running set as arrays; built once per admission round (while ``admit`` checks candidates the running
+        set changes only by its own admissions, which it appends), else fresh."""
+        if self._arrays is not None:
+            return self._arrays
+        arrays = SampleArrays.of(self.running)
+        if self._admitting:
+            self._arrays = arrays
+        return arrays
 
     def holds_prompt(self, group: int) -> bool:
         """Whether ``group``'s prompt KV is held now (engines free it when this turns False)."""
@@ -228,25 +238,13 @@ class Scheduler:
             check = self.capacity.admits if self.policy.reserves_growth else self.capacity.fits_now
             fits = lambda s: check(s, self)  # noqa: E731
         admitted = []
-        while (s := self.policy.select(fits, self.stats.decode_steps)) is not None:
-            if s.state is not SampleState.WAITING:
-                raise RuntimeError(f"policy {self.policy.name!r} admitted sample {s.key} in state {s.state.value}")
-            if not self._group_open[s.group]:
-                self._group_open[s.group] = True
-                self._open_groups += 1
-                self.stats.prefill_passes += 1  # the group's prompt KV is built once for all its samples
-                self.kv_tokens += s.prompt_len
-            if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
-                self.stats.recompute_tokens += s.generated
-                self.kv_tokens += s.generated
-            if self._refresh_on_admission and self._finished:
-                t0 = time.perf_counter()
-                s.predicted_len = self._predicted_len(s)
-                self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
-            s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
-            self._group_running[s.group] += 1
-            self.running.append(s)
-            admitted.append(s)
+        self._admitting, self._arrays = True, None
+        try:
+            while (s := self.policy.select(fits, self.stats.decode_steps)) is not None:
+                self._start(s)
+                admitted.append(s)
+        finally:
+            self._admitting, self._arrays = False, None
         if not self.running and not self.done:
             raise RuntimeError(f"policy {self.policy.name!r} admitted nothing with the engine empty and "
                                f"{len(self.samples) - self._finished} samples waiting under {self.capacity}: "
@@ -255,6 +253,28 @@ class Scheduler:
             self._record_peaks()
             self.stats.kv_timeline.append((self.stats.decode_steps, self.kv_tokens))
         return admitted
+
+    def _start(self, s: Sample) -> None:
+        """``s`` (chosen by the policy) joins the running set."""
+        if s.state is not SampleState.WAITING:
+            raise RuntimeError(f"policy {self.policy.name!r} admitted sample {s.key} in state {s.state.value}")
+        if not self._group_open[s.group]:
+            self._group_open[s.group] = True
+            self._open_groups += 1
+            self.stats.prefill_passes += 1  # the group's prompt KV is built once for all its samples
+            self.kv_tokens += s.prompt_len
+        if s.generated:  # a preempted sample: its generated tokens' KV is recomputed
+            self.stats.recompute_tokens += s.generated
+            self.kv_tokens += s.generated
+        if self._refresh_on_admission and self._finished:
+            t0 = time.perf_counter()
+            s.predicted_len = self._predicted_len(s)
+            self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+        s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
+        self._group_running[s.group] += 1
+        self.running.append(s)
+        if self._arrays is not None:
+            self._arrays = self._arrays.plus(s)
 
     def make_room(self) -> list[Sample]:
         """Preempt the latest admitted samples until the next step fits the budget (never the last one)."""

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.capacity import Capacity, KVBudget, SampleArrays, SlotPool
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
@@ -53,12 +53,13 @@ def _steps_until_full(budget: KVBudget, running: list[Sample], steps: int) -> in
     """Steps that may run before the scheduler must look again: the first j (1 <= j <= ``steps``) after which the
     next step would outgrow the budget (where it must preempt), found by bisection (KV only grows between
     retirements), else ``steps``."""
-    if budget.in_use(running, steps) <= budget.limit:
+    arrays = SampleArrays.of(running)
+    if budget.in_use(arrays, steps) <= budget.limit:
         return steps
     lo, hi = 0, steps  # in_use(lo) fits (the scheduler made room for the next step), in_use(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if budget.in_use(running, mid) <= budget.limit else (lo, mid)
+        lo, hi = (mid, hi) if budget.in_use(arrays, mid) <= budget.limit else (lo, mid)
     return hi
 
 
