@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import os
 import sys
@@ -98,10 +99,7 @@ def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -
     ``apply_defaults`` (the help says both)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--dry-run", action="store_true", help=dry_run)
-
-    def both(name: str) -> str:
-        return defaults_help(defaults, name)
-
+    both = functools.partial(defaults_help, defaults)  # help text: the GPU default and the dry run's
     p.add_argument("--n", type=int, action="append", help=f"rollout.n (repeatable); {both('n')}")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--prompt-len", type=int, help=f"prompt tokens ({both('prompt_len')})")

@@ -85,7 +85,8 @@ class BlockPool:
 
 
 class PagedContext:
-    """One forward pass's view of the pool, duck-typing transformers' ``Cache.update``.
+    """One forward pass's view of the pool, duck-typing transformers' ``Cache.update``: a prompt's prefill, or a
+    preempted sample's recompute (decode steps read each group's prompt once instead: ``shared_prefix``).
 
     Row b attends to ``context[b]`` (flat slots: its group's prompt, then its own fed tokens); its ``q_len`` new
     tokens are the last ``q_len`` of that context and are written into the pool before attention. Rows are padded
