@@ -21,9 +21,9 @@ KV pool), in this order:
 
 Each row: peak GPU memory (torch's peak allocated during the row, model weights included; ``weights_bytes`` says how
 much of it they are; it also holds the forward pass's transients, chiefly one layer's K/V gathered for attention:
-each group's prompt once, each row's own tokens, growing with the rows a step decodes), peak KV bytes in use and the KV pool's size, decode steps, tokens/s,
-preemptions, and whether the tokens equal ``full``'s. A row that would start after ``--budget-s`` seconds is skipped (reported), so the
-check ends inside its time limit.
+each group's prompt once, each row's own tokens, growing with the rows a step decodes), peak KV bytes in use and the
+KV pool's size, decode steps, tokens/s, preemptions, and whether the tokens equal ``full``'s. A row that would start
+after ``--budget-s`` seconds is skipped (reported), so the check ends inside its time limit.
 """
 
 from __future__ import annotations

@@ -48,10 +48,18 @@ class SampleArrays:
     def __len__(self) -> int:
         return len(self.generated)
 
-    def group_prompts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(each distinct group, its prompt length, the index of each sample's group in the first array)."""
-        groups, first, inverse = np.unique(self.group, return_index=True, return_inverse=True)
-        return groups, self.prompt_len[first], inverse
+    def group_prompts(self) -> np.ndarray:
+        """Each distinct group's prompt length (groups in ascending order)."""
+        _, first = np.unique(self.group, return_index=True)
+        return self.prompt_len[first]
+
+    def group_ends(self, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each distinct group's prompt length, the most of ``remaining`` over its samples: when the group's last
+        sample ends and its prompt goes), groups in ascending order."""
+        _, first, which = np.unique(self.group, return_index=True, return_inverse=True)
+        ends = np.zeros(len(first), dtype=remaining.dtype)
+        np.maximum.at(ends, which, remaining)
+        return self.prompt_len[first], ends
 
 
 class Ledger(Protocol):
@@ -141,9 +149,8 @@ class KVBudget:
         arrays = running if isinstance(running, SampleArrays) else SampleArrays.of(running)
         if not len(arrays):
             return 0
-        _, prompt_lens, _ = arrays.group_prompts()
         return int(self.own(arrays.prompt_len, arrays.generated + ahead).sum()
-                   + sum(self.prompt_footprint(int(p)) for p in prompt_lens))
+                   + sum(self.prompt_footprint(int(p)) for p in arrays.group_prompts()))
 
     def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
         """Admission without reserving growth (the ``plain`` baseline): the next step, ``sample`` included, fits."""
@@ -237,9 +244,7 @@ class PagedKVBudget(KVBudget):
         at = np.unique(steps - 1)  # candidate peak times, 0 = the next step
         runs = at[None, :] < steps[:, None]
         own = ((base[:, None] + at[None, :] + bs - 1) // bs * runs).sum(axis=0)
-        _, prompt_lens, which = arrays.group_prompts()
-        group_end = np.zeros(len(prompt_lens), dtype=np.int64)
-        np.maximum.at(group_end, which, steps)
+        prompt_lens, group_end = arrays.group_ends(steps)
         shared = (prompt_lens - self.tail(prompt_lens)) // bs
         prompts = (shared[:, None] * (at[None, :] < group_end[:, None])).sum(axis=0)
         return int(np.max(own + prompts))

@@ -201,9 +201,7 @@ class Scheduler:
             sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
         else:  # a sample still running at candidate time at[j] (rem >= at[j]) holds whole blocks then
             sample_tokens = held_in_blocks(gen[order], at, block_size)
-        _, prompt_lens, which = members.group_prompts()
-        group_end = np.zeros(len(prompt_lens))  # a prompt is held until its group's last running sample ends
-        np.maximum.at(group_end, which, rem)
+        prompt_lens, group_end = members.group_ends(rem)  # a prompt is held until its group's last sample ends
         latest = np.argsort(-group_end, kind="stable")
         ends = group_end[latest]
         prompts = np.cumsum(whole_blocks(prompt_lens[latest], block_size))
