@@ -138,7 +138,8 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     longest = max(max(p.lengths) for p in trace)
     max_len = longest if max_len is None else max_len
     if longest > max_len:
-        raise ValueError(f"max_len={max_len} is shorter than the longest sample in the trace ({longest})")
+        raise ValueError(f"max_len={max_len} is shorter than the longest sample in the trace ({longest}): raise "
+                         f"max_len (--max-len) to at least {longest}, or leave it unset to use the trace's longest")
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
     replay = ReplayEngine(trace, prefill_chunk) if all(p.tokens is not None for p in trace) else None
     sched = build_scheduler(groups, policy, capacity, predictor, max_len, seed=seed, fptas_eps=fptas_eps,
