@@ -1,6 +1,8 @@
 """The real engine on the tiny Qwen3 checkpoint: exact GRPO samples under every schedule, shared prompt KV,
 exact memory accounting, and loud failures."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -305,3 +307,33 @@ def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir
     assert [o.logprobs for g in chunked.outputs for o in g] == [o.logprobs for g in whole.outputs for o in g]
     assert len(whole_reports) > 0 and sorted(chunked_reports) == sorted(whole_reports)
     assert {k for _, k, _, _ in whole_reports} >= {4, 8}
+
+
+def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, tmp_path, capsys):
+    """``infsample bench-engine`` (issue 3's benchmark): one JSON object per policy with the issue's fields, ours
+    first (``full`` the reference), then HF ``generate``; our policies sample exactly ``full``'s tokens; the plot is
+    written. ``learned`` is warmed by earlier rollouts at other seeds: the same tokens as with ``history``."""
+    from verl_infsample.cli import main
+
+    fields = {"policy", "decode_steps", "peak_kv_bytes", "wall_s", "tokens_per_s", "total_tokens",
+              "identical_to_full"}
+    common = ["bench-engine", "--model", tiny_model_dir, "--prompts", "2", "--group-size", "4", "--slots", "2",
+              "--max-new-tokens", "12", "--json"]
+    plot = tmp_path / "kv.png"
+    capsys.readouterr()
+    assert main([*common, "--policy", "naive,infinite,hf-micro", "--plot", str(plot)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["naive", "infinite", "hf-micro"]
+    assert all(fields <= set(r) for r in rows)
+    assert rows[0]["identical_to_full"] and rows[1]["identical_to_full"]
+    assert rows[0]["total_tokens"] == rows[1]["total_tokens"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main([*common, "--policy", "infinite", "--predictor", "learned:k=4,min=4", "--warm-rollouts", "2"]) == 0
+    learned = json.loads(capsys.readouterr().out)
+    assert learned[0]["identical_to_full"] and learned[0]["total_tokens"] == rows[1]["total_tokens"]
+
+    assert main([*common, "--predictor", "oracle"]) == 2
+    assert "--predictor 'oracle'" in capsys.readouterr().err
+    assert main([*common, "--warm-rollouts", "-1"]) == 2
+    assert "--warm-rollouts must be >= 0" in capsys.readouterr().err

@@ -15,9 +15,9 @@ from .cli import _progress, format_table
 from .core.capacity import KVBudget, SlotPool
 from .core.policies import POLICIES
 from .core.predictor import make_predictor
-from .core.sample import Group
 
 HF_POLICIES = ("hf-full", "hf-micro")
+WARMED = {"history": 1, "learned": 3, "none": 0}  # default earlier rollouts each predictor learns from first
 
 
 @dataclass
@@ -46,9 +46,11 @@ def add_bench_engine_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--predictor", default="history", choices=("history", "none"),
-                   help="length predictor of lpt/infinite; history is warmed by one earlier rollout at another seed, "
-                        "as in GRPO's next epoch (default: history)")
+    p.add_argument("--predictor", default="history",
+                   help="length predictor of lpt/infinite: history, none or learned[:k=K,...] (default: history)")
+    p.add_argument("--warm-rollouts", type=int,
+                   help="earlier rollouts at other seeds the predictor learns from first, as from GRPO's earlier "
+                        "steps (default: 1 for history, 3 for learned, 0 for none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads, the same for every row (default 1: a tiny model on CPU runs fastest on one)")
@@ -65,11 +67,16 @@ def cmd_bench_engine(args) -> int:
             raise ValueError(f"unknown --policy {n!r}; choose from: {', '.join([*POLICIES, *HF_POLICIES])}")
     if args.slots < 1:
         raise ValueError(f"--slots (M) must be >= 1, got {args.slots}")
+    if args.predictor.partition(":")[0] not in WARMED:
+        raise ValueError(f"--predictor {args.predictor!r}: bench-engine runs history, none or learned[:k=K,...] "
+                         "(oracle is its own policy; noisy needs true lengths: use infsample simulate)")
+    if args.warm_rollouts is not None and args.warm_rollouts < 0:
+        raise ValueError(f"--warm-rollouts must be >= 0, got {args.warm_rollouts}")
     rows, timelines = run_engine_bench(
         model_dir=args.model, prompts=args.prompts, group_size=args.group_size, slots=args.slots,
         kv_budget=args.kv_budget, max_new_tokens=args.max_new_tokens, policies=names, seed=args.seed,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, threads=args.threads,
-        predictor=args.predictor)
+        predictor=args.predictor, warm_rollouts=args.warm_rollouts)
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
@@ -86,7 +93,7 @@ def cmd_bench_engine(args) -> int:
 
 def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
                      policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
-                     top_p=1.0, top_k=-1, threads=None, predictor="history"):
+                     top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None):
     import copy
 
     import torch
@@ -112,12 +119,11 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
     capacity = KVBudget(kv_budget) if kv_budget else SlotPool(slots)
     ours = [p for p in policies if p in POLICIES]
     warm = make_predictor(predictor, max_len=max_new_tokens)
-    if predictor == "history":  # an earlier epoch over the same prompts: other seed, so no leak of this run's lengths
-        earlier = SamplingParams(**{**params.__dict__, "seed": seed + 1_000_003})
-        run = engine.rollout(prompt_ids, group_size, earlier, policy="continuous", capacity=capacity)
-        for i, outs in enumerate(run.outputs):  # the engine names prompts "0", "1", ... by default
-            for out in outs:
-                warm.observe(Group(str(i), len(prompt_ids[i]), group_size), None, len(out.token_ids))
+    if warm_rollouts is None:
+        warm_rollouts = WARMED.get(predictor.partition(":")[0], 0)
+    for w in range(warm_rollouts):  # earlier steps over the same prompts: other seeds, so no leak of this run's lengths
+        earlier = SamplingParams(**{**params.__dict__, "seed": seed + 1_000_003 + w})
+        engine.rollout(prompt_ids, group_size, earlier, policy="infinite", capacity=capacity, predictor=warm)
     order = ["full"] + [p for p in ours if p != "full"]  # full always runs first: the reference tokens
     rows, timelines, reference, true_lengths = [], {}, None, None
     for name in _progress(order, "bench-engine"):
