@@ -55,3 +55,51 @@ def test_lower_bound_and_errors():
         lpt_schedule([1, 2], 0)
     with pytest.raises(ValueError, match="fptas_eps"):
         fptas_schedule([1, 2], 2, eps=0)
+
+
+def _brute_force_makespan(lengths, lanes, release):
+    """Every assignment of jobs to lanes (tiny instances): the reference for the exact solver with releases."""
+    import itertools
+
+    best = np.inf
+    for assignment in itertools.product(range(lanes), repeat=len(lengths)):
+        loads = np.array(release, dtype=float)
+        np.add.at(loads, list(assignment), lengths)
+        best = min(best, loads.max())
+    return best
+
+
+@pytest.mark.parametrize("eps", [0.02, 0.1])
+def test_fptas_with_lane_releases_within_one_plus_eps_of_optimal(rng, eps):
+    """A chunk planned after another starts on lanes that free at different times (P_M | a_i | C_max): the FPTAS
+    keeps its bound against the exact solver, which itself matches brute force; starts respect the releases."""
+    for trial in range(120):
+        n, lanes = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        lengths = rng.integers(1, 100, n)
+        release = rng.integers(0, 120, lanes).astype(float)
+        opt = exact_makespan(lengths, lanes, release)
+        if trial < 40:
+            assert opt == _brute_force_makespan(lengths, lanes, release)
+        assert opt >= lower_bound(lengths.astype(float), lanes, release) - 1e-9
+        sched = fptas_schedule(lengths, lanes, eps, release=release)
+        assert np.all(sched.start >= release[sched.lane] - 1e-9)
+        for lane in range(lanes):  # each lane runs its jobs back to back from its release
+            jobs = np.flatnonzero(sched.lane == lane)
+            assert sched.start[jobs].min(initial=release[lane]) == pytest.approx(release[lane])
+            assert release[lane] + lengths[jobs].sum() <= sched.makespan + 1e-9
+        assert sched.makespan == pytest.approx(max(release.max(), (sched.start + lengths).max()))
+        assert opt - 1e-9 <= sched.makespan <= (1 + eps) * opt + 1e-9, (lengths, release, opt, sched)
+        assert sched.makespan <= lpt_schedule(lengths, lanes, release).makespan + 1e-9
+
+
+def test_a_late_lane_gets_the_short_work():
+    """Lanes free at 52 and 56 (the first chunk's samples still run): the next chunk's 101 tokens end together at
+    105 = ceil((52 + 56 + 101) / 2); planned as if both lanes were free at once, at best at 106."""
+    lengths = [16, 16, 16, 16, 16, 11, 8, 2]
+    free = np.array([52.0, 56.0])
+    sched = fptas_schedule(lengths, 2, 0.02, release=free)
+    assert sched.makespan == 105 == exact_makespan(lengths, 2, free)
+    blind = np.sort(np.bincount(fptas_schedule(lengths, 2, 0.02).lane, weights=lengths, minlength=2))[::-1]
+    assert (np.sort(free) + blind).max() == 106  # its larger lane on the earlier free one: still past 105
+    with pytest.raises(ValueError, match="release must be 2 non-negative times"):
+        fptas_schedule(lengths, 2, 0.02, release=[1.0])

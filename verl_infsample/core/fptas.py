@@ -27,6 +27,12 @@ the classical FPTAS (Sahni, 1976) is polynomial in n and 1/eps for a fixed M. Ou
    that sample started no later than total / M <= OPT, so C_max <= OPT + eps * LB; otherwise C_max is that of
    step 2. Either way C_max <= OPT + eps * LB.
 
+Lanes that free at different times (``release``: a chunk of the plan planned after another, whose samples still
+hold the lanes) are the same problem with initial loads, P_M | a_i | C_max: each lane's load starts at its release
+time, C_max counts it, and LB = max(latest release, earliest release + longest sample, (releases + total) / M).
+LPT, the DP (loads start at the releases rounded up to delta units: one more delta per lane, paid for by rounding
+with delta = eps * LB / (2 (k + 1))) and the greedy small samples carry over, and so does the bound.
+
 If the search would visit more than ``max_states`` states (many lanes, a tight instance), it stops with the best
 schedule found (never worse than LPT) and reports the a-posteriori guarantee C_max / LB - 1 as
 ``eps_guaranteed``: the bound degrades visibly, never silently.
@@ -57,15 +63,22 @@ class LaneSchedule:
         return self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
 
 
-def lower_bound(lengths: np.ndarray, lanes: int) -> float:
-    """max(longest job, total / lanes): no schedule on ``lanes`` lanes finishes sooner."""
+def lower_bound(lengths: np.ndarray, lanes: int, release: np.ndarray | None = None) -> float:
+    """max(longest job, total / lanes): no schedule on ``lanes`` lanes finishes sooner. With lanes free from
+    ``release`` on: max(latest release, earliest release + longest job, (releases + total) / lanes)."""
+    if release is not None:
+        longest = float(np.max(lengths, initial=0.0))
+        return max(float(np.max(release)), float(np.min(release)) + longest,
+                   (float(np.sum(release)) + float(np.sum(lengths))) / lanes)
     if len(lengths) == 0:
         return 0.0
     return max(float(np.max(lengths)), float(np.sum(lengths)) / lanes)
 
 
-def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int) -> tuple[np.ndarray, float]:
-    """Start times with each lane running its jobs longest first (long, uncertain work starts early)."""
+def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int,
+                         release: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Start times with each lane running its jobs longest first (long, uncertain work starts early), from its
+    ``release`` time on."""
     order = np.lexsort((-lengths, lane))  # by lane, then longest first
     ends = np.cumsum(lengths[order])
     lane_sorted = lane[order]
@@ -75,6 +88,9 @@ def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int) -> t
     start = np.empty(len(lengths), dtype=float)
     start[order] = ends - lengths[order] - offsets
     makespan = float(np.max(ends - offsets, initial=0.0))
+    if release is not None:
+        start += release[lane]
+        makespan = float(np.max(np.bincount(lane, weights=lengths, minlength=lanes) + release))
     return start, makespan
 
 
@@ -92,22 +108,37 @@ def _greedy_onto_lanes(lengths: np.ndarray, jobs: np.ndarray, loads: list[float]
         loads[i] = load
 
 
-def lpt_schedule(lengths, lanes: int) -> LaneSchedule:
-    """Longest processing time first: a 4/3-approximation, and the baseline the FPTAS must match or beat."""
+def lpt_schedule(lengths, lanes: int, release=None) -> LaneSchedule:
+    """Longest processing time first: a 4/3-approximation, and the baseline the FPTAS must match or beat.
+    ``release``: when each lane is free (default: all at 0)."""
     lengths = np.asarray(lengths, dtype=float)
     _check(lengths, lanes)
+    release = _release(release, lanes)
     lane = np.zeros(len(lengths), dtype=np.int64)
-    _greedy_onto_lanes(lengths, np.argsort(-lengths, kind="stable"), [0.0] * lanes, lane)
-    start, makespan = _schedule_from_lanes(lengths, lane, lanes)
-    return LaneSchedule(lane, start, makespan, lower_bound(lengths, lanes), None, "lpt")
+    loads = [0.0] * lanes if release is None else release.tolist()
+    _greedy_onto_lanes(lengths, np.argsort(-lengths, kind="stable"), loads, lane)
+    start, makespan = _schedule_from_lanes(lengths, lane, lanes, release)
+    return LaneSchedule(lane, start, makespan, lower_bound(lengths, lanes, release), None, "lpt")
 
 
-def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_000) -> LaneSchedule:
-    """(1+eps)-approximate P_M || C_max (see the module docstring for the bound and its proof)."""
+def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_000, release=None) -> LaneSchedule:
+    """(1+eps)-approximate P_M || C_max (see the module docstring for the bound and its proof); ``release``: when
+    each lane is free (P_M | a_i | C_max; default: all at 0). Time is counted from the earliest release, so the
+    bound's eps * LB is a share of the work from then on, not of what ran before (a plan's later chunks)."""
     if not 0 < eps < 1:
         raise ValueError(f"fptas_eps must be in (0, 1), got {eps}")
-    lengths = np.asarray(lengths, dtype=float)
-    lpt = lpt_schedule(lengths, lanes)
+    release = _release(release, lanes)
+    if release is None or release.min() == 0:
+        return _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states, release)
+    shift = float(release.min())
+    plan = _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states, release - shift)
+    return LaneSchedule(plan.lane, plan.start + shift, plan.makespan + shift, plan.lower_bound + shift,
+                        plan.eps_guaranteed, plan.method)
+
+
+def _fptas(lengths: np.ndarray, lanes: int, eps: float, max_states: int, release: np.ndarray | None) -> LaneSchedule:
+    lpt = lpt_schedule(lengths, lanes, release)
+    release = _release(release, lanes)
     lb = lpt.lower_bound
     if len(lengths) == 0 or lpt.makespan <= lb + eps * lb:
         return LaneSchedule(lpt.lane, lpt.start, lpt.makespan, lb, lpt.ratio_to_bound - 1.0, "lpt-certified")
@@ -116,23 +147,26 @@ def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_
     small = np.flatnonzero(lengths <= eps * lb)
     big = big[np.argsort(-lengths[big], kind="stable")]
     lane = np.zeros(len(lengths), dtype=np.int64)
-    if len(big) <= lanes:  # one big job per lane is optimal for the big jobs
+    if len(big) <= lanes and release is None:  # one big job per lane is optimal for the big jobs
         lane[big] = np.arange(len(big))
         loads = [0.0] * lanes
         for j in big:
             loads[lane[j]] += float(lengths[j])
         eps_done = 0.0
     else:
-        # half of eps pays for rounding (k big jobs per lane, each rounded up by < delta), half for the search slack
+        # half of eps pays for rounding (k big jobs per lane, each rounded up by < delta, and with releases the
+        # release too), half for the search slack
         k = max(1, math.floor(lpt.makespan / (eps * lb)))
-        delta = 0.5 * eps * lb / k
-        assignment, complete = _rounded_dp(lengths[big], lanes, delta, 0.5 * eps * lb, max_states)
+        delta = 0.5 * eps * lb / (k if release is None else k + 1)
+        base = None if release is None else [int(math.ceil(r / delta - 1e-9)) for r in release]
+        assignment, complete = _rounded_dp(lengths[big], lanes, delta, 0.5 * eps * lb, max_states, base)
         lane[big] = assignment
-        loads = [float(np.sum(lengths[big][assignment == i])) for i in range(lanes)]
+        loads = [float(np.sum(lengths[big][assignment == i])) + (0.0 if release is None else float(release[i]))
+                 for i in range(lanes)]
         eps_done = eps if complete else math.inf  # incomplete search: only the a-posteriori bound below holds
     small = small[np.argsort(-lengths[small], kind="stable")]
     _greedy_onto_lanes(lengths, small, loads, lane)
-    start, makespan = _schedule_from_lanes(lengths, lane, lanes)
+    start, makespan = _schedule_from_lanes(lengths, lane, lanes, release)
     method = "fptas" if eps_done <= eps else "fptas-budget"
     if makespan > lpt.makespan:  # both are valid; the better one keeps the guarantee
         lane, start, makespan = lpt.lane, lpt.start, lpt.makespan
@@ -140,14 +174,16 @@ def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_
     return LaneSchedule(lane, start, makespan, lb, min(eps_done, makespan / lb - 1.0), method)
 
 
-def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_states: int):
+def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_states: int,
+                base: list[int] | None = None):
     """Exact DP over sorted lane-load vectors of the rounded big jobs, explored depth first with bounds.
 
     A state is (next job, sorted lane loads in delta units); each is expanded once (memo), and pruned when its
     lower bound max(max load, (sum + remaining) / lanes) cannot beat the best schedule found so far (initially LPT's,
     rounded) by more than ``slack`` (in lengths): the result is within ``slack`` of the rounded optimum. Exploring
     the DP this way visits a subset of its states, typically a tiny one. Returns (assignment, complete): complete is
-    False when the search stopped at ``max_states`` states with the best assignment found so far.
+    False when the search stopped at ``max_states`` states with the best assignment found so far. ``base``: each
+    lane's load before any job (its release, in delta units).
     """
     units = [int(math.ceil(p / delta - 1e-9)) for p in big]
     slack_units = int(math.floor(slack / delta))
@@ -156,12 +192,14 @@ def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_sta
     for j in range(n - 1, -1, -1):
         suffix[j] = suffix[j + 1] + units[j]
     # incumbent: LPT in rounded units, improved by moves and swaps; the search only has to beat it
+    base = [0] * lanes if base is None else list(base)
     inc_lane = np.zeros(n, dtype=np.int64)
-    _greedy_onto_lanes(np.asarray(units, dtype=float), np.arange(n), [0.0] * lanes, inc_lane)
-    inc_lane = _improve_by_swaps(units, inc_lane, lanes)
-    best = [max(np.bincount(inc_lane, weights=units, minlength=lanes).astype(int)), inc_lane]
-    floor_units = max(units[0], -(-suffix[0] // lanes))  # no rounded schedule beats this
-    loads = [0] * lanes
+    _greedy_onto_lanes(np.asarray(units, dtype=float), np.arange(n), [float(b) for b in base], inc_lane)
+    inc_lane = _improve_by_swaps(units, inc_lane, lanes, base)
+    best = [max(np.bincount(inc_lane, weights=units, minlength=lanes).astype(int) + base), inc_lane]
+    # no rounded schedule beats this
+    floor_units = max(max(base), min(base) + units[0], -(-(sum(base) + suffix[0]) // lanes))
+    loads = list(base)
     chosen = np.zeros(n, dtype=np.int64)
     seen: set = set()
 
@@ -196,11 +234,12 @@ def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_sta
     return best[1], True
 
 
-def _improve_by_swaps(units: list[int], lane: np.ndarray, lanes: int) -> np.ndarray:
+def _improve_by_swaps(units: list[int], lane: np.ndarray, lanes: int, base: list[int]) -> np.ndarray:
     """Local search: move one job off the most loaded lane, or swap it for a shorter one, while that lowers the pair's
-    maximum (the sum of squared loads drops each time, so it terminates). Small instances only."""
+    maximum (the sum of squared loads drops each time, so it terminates). Small instances only. ``base``: each
+    lane's load before its jobs."""
     lane = lane.copy()
-    loads = np.bincount(lane, weights=units, minlength=lanes).astype(np.int64)
+    loads = np.bincount(lane, weights=units, minlength=lanes).astype(np.int64) + np.asarray(base, dtype=np.int64)
     while True:
         hi = int(np.argmax(loads))
         best_gain, best_move = 0, None
@@ -231,13 +270,15 @@ class _StateBudgetExceeded(Exception):
     pass
 
 
-def exact_makespan(lengths, lanes: int) -> float:
-    """Optimal C_max by branch and bound (small instances only: the reference the FPTAS is tested against)."""
+def exact_makespan(lengths, lanes: int, release=None) -> float:
+    """Optimal C_max by branch and bound (small instances only: the reference the FPTAS is tested against), with
+    lanes free from ``release`` on (default: all at 0)."""
     lengths = sorted((float(x) for x in lengths), reverse=True)
     _check(np.asarray(lengths), lanes)
-    lb = lower_bound(np.asarray(lengths), lanes)
-    best = lpt_schedule(lengths, lanes).makespan
-    loads = [0.0] * lanes
+    release = _release(release, lanes)
+    lb = lower_bound(np.asarray(lengths), lanes, release)
+    best = lpt_schedule(lengths, lanes, release).makespan
+    loads = [0.0] * lanes if release is None else release.tolist()
     suffix = np.concatenate([np.cumsum(lengths[::-1])[::-1], [0.0]])
 
     def search(j: int) -> None:
@@ -260,6 +301,16 @@ def exact_makespan(lengths, lanes: int) -> float:
 
     search(0)
     return best
+
+
+def _release(release, lanes: int) -> np.ndarray | None:
+    """``release`` as floats, one per lane, or None when every lane is free at 0 (the plain problem)."""
+    if release is None:
+        return None
+    release = np.asarray(release, dtype=float)
+    if release.shape != (lanes,) or float(np.min(release, initial=0.0)) < 0:
+        raise ValueError(f"release must be {lanes} non-negative times, one per lane, got {release.tolist()}")
+    return release if release.any() else None
 
 
 def _check(lengths: np.ndarray, lanes: int) -> None:

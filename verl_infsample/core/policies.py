@@ -184,7 +184,9 @@ class InfiniteSamplingPolicy(Policy):
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         """Under M slots: the FPTAS plan (planned start order, longest first at equal starts) over chunks of groups,
-        one chunk after another. Within a chunk the samples of its groups interleave, so a predictor that tells
+        each chunk on the lanes as the chunks before it leave them (a lane frees when its last planned sample ends),
+        so a chunk boundary leaves no lane idle the plan did not account for. Within a chunk the samples of its groups
+        interleave, so a predictor that tells
         samples apart (``learned`` with the first-token lookahead) gets its long samples started first wherever
         they are and its short ones kept for the tail, where the lanes must end together. A group holds its
         prompt's KV from its first start to its last end, so a chunk is as many groups, longest predicted first,
@@ -226,13 +228,20 @@ class InfiniteSamplingPolicy(Policy):
             return
         allowance = open_prompt_allowance(lanes, float(predicted.max(initial=1.0)))
         chunks = chunk_groups(group_order, [samples[by_group[g][0]].prompt_len for g in group_order], allowance)
-        order, methods, worst = [], set(), 0.0
-        for chunk in chunks:
-            members = np.concatenate([by_group[g] for g in chunk])
-            schedule = fptas_schedule(predicted[members], min(lanes, len(members)), self.fptas_eps)
-            order.extend(members[np.lexsort((-predicted[members], schedule.start))])  # planned start, longest first
+        members, start, chunk_of = [], [], []
+        free = np.zeros(lanes)  # when each lane is free of the chunks planned so far
+        methods, worst = set(), 0.0
+        for c, chunk in enumerate(chunks):
+            ids = np.concatenate([by_group[g] for g in chunk])
+            schedule = fptas_schedule(predicted[ids], lanes, self.fptas_eps, release=free)
+            np.maximum.at(free, schedule.lane, schedule.start + predicted[ids])
+            members.append(ids)
+            start.append(schedule.start)
+            chunk_of.append(np.full(len(ids), c))
             methods.add(schedule.method)
             worst = max(worst, schedule.eps_guaranteed)
+        members, start, chunk_of = np.concatenate(members), np.concatenate(start), np.concatenate(chunk_of)
+        order = members[np.lexsort((chunk_of, -predicted[members], start))]  # planned start, longest first
         self._info = {"plan_method": "/".join(sorted(methods)), "plan_lanes": lanes, "plan_chunks": len(chunks),
                       "plan_eps_guaranteed": worst}
         self.queue = deque(samples[i] for i in order)
