@@ -111,3 +111,27 @@ def test_a_gpu_check_report_is_drawn_per_path_against_rollout_n(tmp_path, monkey
     (tmp_path / "bad.json").write_text("not json\n")
     with pytest.raises(SystemExit, match="not a GPU check report"):
         gpu_check_transformers.main(["--plot-from", str(tmp_path / "bad.json"), "--plot", str(tmp_path / "b.png")])
+
+
+def test_the_bench_seed_sweep_replays_the_engines_lengths():
+    """scripts/bench_seed_sweep.py (the M=8 totals docs/engine.md quotes): the lengths are the tiny model's own at the
+    bench's seed and at its warming seed; every replayed policy is at or above the slot lower bound, exact lengths
+    reach it here, and the quantile variant predicts the quantile of the prompt's earlier lengths."""
+    import math
+
+    from verl_infsample.core.sample import Group
+
+    module = _script("bench_seed_sweep")
+    rec = module.seed_lengths(0, prompts=2, group_size=8, max_new_tokens=16)
+    assert len(rec["prompt_lens"]) == 2 and all(len(g) == 8 for g in rec["this"] + rec["warm"])
+    assert all(1 <= n <= 16 for g in rec["this"] + rec["warm"] for n in g) and rec["this"] != rec["warm"]
+    steps = module.replay(rec, slots=2, max_new_tokens=16, quantiles=(0.9,))
+    assert set(steps) == {"continuous", "infinite", "infinite-q0.9", "oracle"}
+    lengths = [n for g in rec["this"] for n in g]
+    bound = max(max(lengths), math.ceil(sum(lengths) / 2))
+    assert min(steps.values()) >= bound and steps["oracle"] == bound
+    predictor = module.QuantileHistory(16, 0.9)
+    for n in (2, 4, 6, 8, 30):
+        predictor.observe(Group("p", 5, 5), None, n)
+    predictor.start_batch([])
+    assert predictor.predict(Group("p", 5, 5), None) == pytest.approx(21.2)  # 8 + 0.6 x (30 - 8): linear

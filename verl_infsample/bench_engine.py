@@ -91,21 +91,15 @@ def cmd_bench_engine(args) -> int:
     return 0
 
 
-def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
-                     policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
-                     top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None):
-    import copy
-
-    import torch
+def bench_workload(*, model_dir=None, prompts=4, seed=0, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=128):
+    """The benchmark's engine, prompts (token ids, chat template applied) and sampling at ``seed``, and the tokenizer:
+    what every row runs on."""
     from transformers import AutoTokenizer
 
-    from .engines.hf_baseline import hf_generate
     from .engines.sampling import SamplingParams
     from .engines.transformers_engine import TransformersEngine
     from .models.tiny import default_prompts, tiny_model_path
 
-    if threads:
-        torch.set_num_threads(threads)
     model_dir = str(model_dir or tiny_model_path())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = default_prompts(prompts, seed=10_000 + seed)
@@ -115,15 +109,39 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
                                                      else [])}))
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                             stop_token_ids=stop, seed=seed)
-    engine = TransformersEngine.from_pretrained(model_dir)
+    return TransformersEngine.from_pretrained(model_dir), prompt_ids, params, tokenizer
+
+
+def earlier_params(params, rollout: int):
+    """Sampling for the ``rollout``-th earlier rollout that warms a predictor: another seed, so nothing of this run's
+    lengths leaks into it (GRPO's earlier steps over the same prompts)."""
+    from .engines.sampling import SamplingParams
+
+    return SamplingParams(**{**params.__dict__, "seed": params.seed + 1_000_003 + rollout})
+
+
+def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
+                     policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
+                     top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None):
+    import copy
+
+    import torch
+
+    from .engines.hf_baseline import hf_generate
+
+    if threads:
+        torch.set_num_threads(threads)
+    engine, prompt_ids, params, tokenizer = bench_workload(
+        model_dir=model_dir, prompts=prompts, seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_new_tokens=max_new_tokens)
     capacity = KVBudget(kv_budget) if kv_budget else SlotPool(slots)
     ours = [p for p in policies if p in POLICIES]
     warm = make_predictor(predictor, max_len=max_new_tokens)
     if warm_rollouts is None:
         warm_rollouts = WARMED.get(predictor.partition(":")[0], 0)
-    for w in range(warm_rollouts):  # earlier steps over the same prompts: other seeds, so no leak of this run's lengths
-        earlier = SamplingParams(**{**params.__dict__, "seed": seed + 1_000_003 + w})
-        engine.rollout(prompt_ids, group_size, earlier, policy="infinite", capacity=capacity, predictor=warm)
+    for w in range(warm_rollouts):
+        engine.rollout(prompt_ids, group_size, earlier_params(params, w), policy="infinite", capacity=capacity,
+                       predictor=warm)
     order = ["full"] + [p for p in ours if p != "full"]  # full always runs first: the reference tokens
     rows, timelines, reference, true_lengths = [], {}, None, None
     for name in _progress(order, "bench-engine"):
