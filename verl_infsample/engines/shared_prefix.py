@@ -7,6 +7,11 @@ samples of a 256-token prompt in flight that copy is most of the step's memory t
 scores it with its own query (one batched product per group), scores its own tokens apart, and the two partial
 softmaxes are merged by their log-sum-exp: the same attention, with the prompt's keys and values never replicated.
 
+Rows' own tokens are gathered padded to the longest row. Under Infinite Sampling a step runs many short samples
+beside a few paced long ones (at rollout.n=1024 under a KV budget the padded gather was 3x the tokens it holds), so
+rows are cut into a few buckets by own length, each padded to its own longest, where the copy a cut saves is worth
+the extra kernels (``OWN_CUT_TOKENS``: small on a CPU, where copies are slow; large on a GPU, where launches are).
+
 transformers picks the attention function by name, so the engine switches its model to ``infsample_paged``: for
 every input but ours it is transformers' ``sdpa`` (same masks, same kernels), so ``generate`` on the same model
 object is unchanged; for a ``SharedPromptDecode`` pass it is the cascade above, computed in float32.
@@ -17,6 +22,12 @@ from __future__ import annotations
 import torch
 
 ATTENTION = "infsample_paged"
+OWN_BUCKETS = 4  # at most this many own-length buckets per step
+# padded token slots a cut must save, per device type. CPU: measured (tiny shape, session 12): 4096 leaves an 8-row
+# step as fast as one bucket did (256 made it slower) and takes 15-20% off a decode step at rollout.n=1024; the GPU
+# figure is a guess, not measured: on a GPU a copy is cheap and each bucket adds kernel launches
+OWN_CUT_TOKENS = {"cpu": 4096}
+DEFAULT_CUT_TOKENS = 65_536
 
 
 class SharedPromptDecode:
@@ -25,7 +36,7 @@ class SharedPromptDecode:
     pass writes last) sit at ``own_slots[b]``."""
 
     def __init__(self, pool, row_groups: list[int], prompt_slots: dict[int, torch.Tensor],
-                 own_slots: list[torch.Tensor]):
+                 own_slots: list[torch.Tensor], cut_tokens: int | None = None):
         self.pool = pool
         groups = list(dict.fromkeys(row_groups))  # in order of first appearance
         index = {g: i for i, g in enumerate(groups)}
@@ -35,7 +46,13 @@ class SharedPromptDecode:
         self.rows_of_group = [torch.tensor(r, device=pool.device) for r in rows]
         self.prompt_width, self.prompt_gather, self.prompt_mask = _padded([prompt_slots[g] for g in groups],
                                                                            pool.device)
-        self.own_width, self.own_gather, self.own_mask = _padded(own_slots, pool.device)
+        if cut_tokens is None:
+            cut_tokens = OWN_CUT_TOKENS.get(torch.device(pool.device).type, DEFAULT_CUT_TOKENS)
+        self.own_buckets = []  # (rows or None for all, width, padded gather, mask), rows by own length
+        for rows in own_length_buckets([len(s) for s in own_slots], cut_tokens):
+            width, gather, mask = _padded([own_slots[b] for b in rows], pool.device)
+            self.own_buckets.append((None if len(rows) == len(own_slots) else torch.tensor(rows, device=pool.device),
+                                     width, gather, mask))
         self.write = torch.stack([s[-1] for s in own_slots]).to(pool.device)  # [B]: the token each row feeds now
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
@@ -46,11 +63,12 @@ class SharedPromptDecode:
             store[layer_idx].index_copy_(0, self.write, states.reshape(b, h, d).to(self.pool.dtype))
         k, v = self.pool.k[layer_idx], self.pool.v[layer_idx]
         groups = len(self.rows_of_group)
+        own = [(k.index_select(0, gather).view(-1, width, h, d), v.index_select(0, gather).view(-1, width, h, d))
+               for _, width, gather, _ in self.own_buckets]
         parts = _Parts(self,
                        k.index_select(0, self.prompt_gather).view(groups, self.prompt_width, h, d),
                        v.index_select(0, self.prompt_gather).view(groups, self.prompt_width, h, d),
-                       k.index_select(0, self.own_gather).view(b, self.own_width, h, d),
-                       v.index_select(0, self.own_gather).view(b, self.own_width, h, d))
+                       own)
         return parts, parts  # (what transformers hands the attention function as key and value)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -58,19 +76,28 @@ class SharedPromptDecode:
 
 
 class _Parts:
-    """One layer's gathered keys and values: each group's prompt [groups, P, kv_heads, d], each row's own tokens
-    [B, S, kv_heads, d]."""
+    """One layer's gathered keys and values: each group's prompt [groups, P, kv_heads, d], and per own-length bucket
+    its rows' own tokens ([rows, S, kv_heads, d] keys, values)."""
 
-    def __init__(self, ctx: SharedPromptDecode, prompt_k, prompt_v, own_k, own_v):
-        self.ctx, self.prompt_k, self.prompt_v, self.own_k, self.own_v = ctx, prompt_k, prompt_v, own_k, own_v
+    def __init__(self, ctx: SharedPromptDecode, prompt_k, prompt_v, own: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.ctx, self.prompt_k, self.prompt_v, self.own = ctx, prompt_k, prompt_v, own
 
     def attend(self, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """query [B, heads, 1, d] -> attention output [B, 1, heads, d] (sdpa_attention_forward's layout)."""
         b, heads, _, d = query.shape
-        kv_heads = self.own_k.shape[2]
+        kv_heads = self.prompt_k.shape[2]
         q = query.reshape(b, kv_heads, heads // kv_heads, d).float()  # query head i reads kv head i // (heads/kv)
-        m_own, l_own, o_own = _partial(torch.einsum("bhrd,bshd->bhrs", q, self.own_k.float()) * scaling
-                                       + self.ctx.own_mask[:, None, None, :], self.own_v.float(), "bhrs,bshd->bhrd")
+        m_own = l_own = o_own = None
+        for (rows, _, _, mask), (own_k, own_v) in zip(self.ctx.own_buckets, self.own):
+            part = _partial(torch.einsum("bhrd,bshd->bhrs", q if rows is None else q[rows], own_k.float()) * scaling
+                            + mask[:, None, None, :], own_v.float(), "bhrs,bshd->bhrd")
+            if rows is None:  # one bucket: every row, in order
+                m_own, l_own, o_own = part
+                break
+            if m_own is None:
+                m_own = q.new_empty(b, kv_heads, heads // kv_heads, 1)
+                l_own, o_own = torch.empty_like(m_own), torch.empty_like(q)
+            m_own[rows], l_own[rows], o_own[rows] = part
         m_pr, l_pr, o_pr = torch.empty_like(m_own), torch.empty_like(l_own), torch.empty_like(o_own)
         for g, rows in enumerate(self.ctx.rows_of_group):
             scores = (torch.einsum("bhrd,phd->bhrp", q[rows], self.prompt_k[g].float()) * scaling
@@ -87,6 +114,32 @@ def _partial(scores: torch.Tensor, values: torch.Tensor, contract: str):
     m = scores.amax(-1, keepdim=True)
     e = torch.exp(scores - m)
     return m, e.sum(-1, keepdim=True), torch.einsum(contract, e, values)
+
+
+def own_length_buckets(lengths: list[int], cut_tokens: int, buckets: int = OWN_BUCKETS) -> list[list[int]]:
+    """Rows (indices into ``lengths``) in at most ``buckets`` groups of similar length, longest first: each cut is
+    where it saves the most padded token slots, (its bucket's width - the row's length) x the rows from there on,
+    taken while it saves at least ``cut_tokens``. One group, all rows in order, when no cut is worth it."""
+    if max(lengths, default=0) * len(lengths) - sum(lengths) < max(1, cut_tokens):  # all the padding: too little
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    ordered = torch.tensor([lengths[i] for i in order], dtype=torch.int64)
+    cuts = [0, len(order)]
+    while len(cuts) - 1 < buckets:
+        best, at = 0, None
+        for a, z in zip(cuts, cuts[1:]):
+            if z - a < 2:
+                continue
+            saving = (ordered[a] - ordered[a + 1:z]) * torch.arange(z - a - 1, 0, -1)
+            i = int(torch.argmax(saving))
+            if int(saving[i]) > best:
+                best, at = int(saving[i]), a + 1 + i
+        if at is None or best < cut_tokens:
+            break
+        cuts = sorted([*cuts, at])
+    if len(cuts) == 2:
+        return [list(range(len(lengths)))]
+    return [order[a:z] for a, z in zip(cuts, cuts[1:])]
 
 
 def _padded(slots: list[torch.Tensor], device) -> tuple[int, torch.Tensor, torch.Tensor]:
