@@ -290,3 +290,34 @@ def test_worker_placement_puts_a_replica_on_its_workers_node_and_devices():
     assert WorkerPlacement.of([("n1", ["0"]), ("n1", [])], 0) == WorkerPlacement("n1", ())
     with pytest.raises(ValueError, match="replica 1: its 2 workers span 2 nodes.*more replicas"):
         WorkerPlacement.of([("n1", ["0"]), ("n2", ["0"])], 1)
+
+
+def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in(tiny_model_dir):
+    """verl's agent loop sends a step's requests concurrently, so they reach the server in any order. The server hands
+    the engine its groups by prompt and their samples by index whatever the order, so the plan (and the decode steps
+    it takes) repeats from run to run, as the tokens do (keyed by sample index)."""
+    from verl_infsample.verl_rollout.server import InfiniteServer, _Request
+
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=12",
+                      "actor_rollout_ref.rollout.custom.slots=3").actor_rollout_ref.rollout
+    server = InfiniteServer(rollout, {"path": tiny_model_dir})
+    seen = []
+    inner = server.engine.rollout
+
+    def recording(prompts, sizes, params, **kw):
+        seen.append((prompts, sizes, kw["stream_indices"], kw["prompt_ids"]))
+        return inner(prompts, sizes, params, **kw)
+
+    server.engine.rollout = recording
+    prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11]}
+    requests = [(f"{p}{i}", p, i) for p in prompts for i in range(5)]
+
+    def run(order):
+        server._predictor = None  # each run plans from the same (empty) history
+        batch = [_Request(rid, prompts[p], 1.0, 1.0, -1, True, 12, i, None) for rid, p, i in order]
+        return dict(zip([r.request_id for r in batch], server._rollout(batch))), server.last_rollout_metrics
+
+    first, metrics = run(requests)
+    second, metrics_again = run(requests[::-1][3:] + requests[::-1][:3])
+    assert seen[0] == seen[1] and seen[0][2] == [[0, 1, 2, 3, 4]] * 2
+    assert first == second and metrics["infsample/decode_steps"] == metrics_again["infsample/decode_steps"]

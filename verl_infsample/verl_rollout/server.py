@@ -160,7 +160,9 @@ class InfiniteServer:
             by_params.setdefault(key[1:], []).append(key)
         for (temperature, top_p, top_k, max_tokens), keys in by_params.items():
             prompts, ids, members = [], [], []
-            for key in keys:
+            # groups by prompt, samples by index, whatever order the requests came in: the same batch gets the same
+            # plan (samples the predictor cannot tell apart are planned in position order), so decode steps repeat
+            for key in sorted(keys, key=lambda k: prompt_key(k[0])):
                 reqs = groups[key]
                 key_of_prompt = prompt_key(key[0])
                 indices = []
@@ -170,7 +172,8 @@ class InfiniteServer:
                     else:
                         indices.append(self._issued.get(key, 0))
                         self._issued[key] = indices[-1] + 1
-                members.append((reqs, indices))
+                by_index = sorted(range(len(reqs)), key=indices.__getitem__)
+                members.append(([reqs[i] for i in by_index], [indices[i] for i in by_index]))
                 prompts.append(list(key[0]))
                 ids.append(key_of_prompt)  # the predictor learns per prompt across steps
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
