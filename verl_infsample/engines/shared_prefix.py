@@ -49,9 +49,10 @@ class SharedPromptDecode:
         if cut_tokens is None:
             cut_tokens = OWN_CUT_TOKENS.get(torch.device(pool.device).type, DEFAULT_CUT_TOKENS)
         self.own_buckets = []  # (rows or None for all, width, padded gather, mask), rows by own length
-        for rows in own_length_buckets([len(s) for s in own_slots], cut_tokens):
-            width, gather, mask = _padded([own_slots[b] for b in rows], pool.device)
-            self.own_buckets.append((None if len(rows) == len(own_slots) else torch.tensor(rows, device=pool.device),
+        for bucket in own_length_buckets([len(s) for s in own_slots], cut_tokens):
+            width, gather, mask = _padded([own_slots[b] for b in bucket], pool.device)
+            every_row = len(bucket) == len(own_slots)  # (one bucket: the rows as they are)
+            self.own_buckets.append((None if every_row else torch.tensor(bucket, device=pool.device),
                                      width, gather, mask))
         self.write = torch.stack([s[-1] for s in own_slots]).to(pool.device)  # [B]: the token each row feeds now
 
