@@ -215,7 +215,8 @@ class PagedKVBudget(KVBudget):
             return np.where(prompt_len > 0, (prompt_len - 1) % self.block_size + 1, 0)
         return (prompt_len - 1) % self.block_size + 1 if prompt_len > 0 else 0
 
-    def shared_blocks(self, prompt_len: int) -> int:
+    def shared_blocks(self, prompt_len):
+        """Whole prompt blocks a group's samples share (the prefix cache); numbers or arrays."""
         return (prompt_len - self.tail(prompt_len)) // self.block_size
 
     def own(self, prompt_len: int, generated):
@@ -245,7 +246,7 @@ class PagedKVBudget(KVBudget):
         runs = at[None, :] < steps[:, None]
         own = ((base[:, None] + at[None, :] + bs - 1) // bs * runs).sum(axis=0)
         prompt_lens, group_end = arrays.group_ends(steps)
-        shared = (prompt_lens - self.tail(prompt_lens)) // bs
+        shared = self.shared_blocks(prompt_lens)
         prompts = (shared[:, None] * (at[None, :] < group_end[:, None])).sum(axis=0)
         return int(np.max(own + prompts))
 

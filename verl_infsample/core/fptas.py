@@ -128,17 +128,18 @@ def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int = 20_
     if not 0 < eps < 1:
         raise ValueError(f"fptas_eps must be in (0, 1), got {eps}")
     release = _release(release, lanes)
-    if release is None or release.min() == 0:
-        return _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states, release)
-    shift = float(release.min())
-    plan = _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states, release - shift)
+    shift = 0.0 if release is None else float(release.min())
+    plan = _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states,
+                  None if release is None else _release(release - shift, lanes))
+    if not shift:
+        return plan
     return LaneSchedule(plan.lane, plan.start + shift, plan.makespan + shift, plan.lower_bound + shift,
                         plan.eps_guaranteed, plan.method)
 
 
 def _fptas(lengths: np.ndarray, lanes: int, eps: float, max_states: int, release: np.ndarray | None) -> LaneSchedule:
+    """``fptas_schedule`` on checked releases, the earliest at 0 (or None: every lane free at 0)."""
     lpt = lpt_schedule(lengths, lanes, release)
-    release = _release(release, lanes)
     lb = lpt.lower_bound
     if len(lengths) == 0 or lpt.makespan <= lb + eps * lb:
         return LaneSchedule(lpt.lane, lpt.start, lpt.makespan, lb, lpt.ratio_to_bound - 1.0, "lpt-certified")

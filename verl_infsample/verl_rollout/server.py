@@ -162,9 +162,8 @@ class InfiniteServer:
             prompts, ids, members = [], [], []
             # groups by prompt, samples by index, whatever order the requests came in: the same batch gets the same
             # plan (samples the predictor cannot tell apart are planned in position order), so decode steps repeat
-            for key in sorted(keys, key=lambda k: prompt_key(k[0])):
+            for key_of_prompt, key in sorted((prompt_key(k[0]), k) for k in keys):
                 reqs = groups[key]
-                key_of_prompt = prompt_key(key[0])
                 indices = []
                 for r in reqs:  # the sample index keys its random stream: session id, else arrival order
                     if r.session_id is not None:
