@@ -52,6 +52,43 @@ def test_the_plan_never_exceeds_the_budget(memory, data):
     assert plan.makespan >= len(use)  # the plan's own figure is never optimistic
 
 
+def _first_fit_by_brute_force(sky, footprint, prompt, group, not_before):
+    """Every start from ``not_before`` on, each checked step by step: the definition ``earliest_fit`` prunes."""
+    t = max(0, not_before)
+    while True:
+        span = range(t, t + len(footprint))
+        if all((sky.use[i] if i < len(sky.use) else 0) + footprint[i - t]
+               + (prompt if i >= sky.held.shape[1] or sky.held[group, i] == 0 else 0) <= sky.limit
+               and (i >= len(sky.running) or sky.running[i] < sky.max_running) for i in span):
+            return t
+        t += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), max_running=st.sampled_from([None, 2, 4]))
+def test_earliest_fit_is_the_first_start_that_fits_and_place_undoes_exactly(data, max_running):
+    limit = data.draw(st.integers(8, 30))  # tight: most placements have to wait for room
+    sky = skyline.MemorySkyline(limit, horizon=8, groups=2, max_running=max_running)
+    for _ in range(data.draw(st.integers(1, 20))):
+        n = data.draw(st.integers(1, 30))
+        footprint = np.sort(np.array(data.draw(st.lists(st.integers(1, 6), min_size=n, max_size=n))))
+        prompt, group = data.draw(st.integers(0, 6)), data.draw(st.integers(0, 1))
+        not_before = data.draw(st.integers(0, 20))
+        if footprint[-1] + prompt > limit:
+            continue
+        before = (sky.use.copy(), sky.running.copy(), sky.held.copy(), sky.end)
+        t = sky.earliest_fit(footprint, prompt, group, not_before)
+        assert t == _first_fit_by_brute_force(sky, footprint, prompt, group, not_before)
+        sky.place(footprint, prompt, group, t)
+        assert sky.use.max() <= limit and (max_running is None or sky.running.max() <= max_running)
+        if data.draw(st.booleans()):  # taking it out again restores the skyline exactly
+            sky.place(footprint, prompt, group, t, sign=-1)
+            assert sky.end == before[3]
+            for now, then in zip((sky.use, sky.running, sky.held), before[:3]):
+                kept = then.shape[-1]  # (the arrays may have grown: the new steps must be empty)
+                assert not now[..., kept:].any() and (now[..., :kept] == then).all()
+
+
 def test_exact_lengths_follow_the_plan_step_for_step_without_preemption():
     """vLLM's G=32 lengths in its 19 blocks of 32: every sample starts at its planned step (the gaps between planned
     starts are kept, not closed up), and nothing is preempted."""
