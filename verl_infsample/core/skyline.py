@@ -155,6 +155,13 @@ class MemorySkyline:
             nz = np.flatnonzero(self.running[:self.end])
             self.end = int(nz[-1]) + 1 if len(nz) else 0
 
+    def snapshot(self) -> tuple:
+        """The planned use as it stands (copies), for ``restore``: cheaper than placing moved samples back."""
+        return self.use.copy(), self.running.copy(), self.held.copy(), self.end
+
+    def restore(self, saved: tuple) -> None:
+        self.use, self.running, self.held, self.end = saved
+
     def late_mass(self) -> int:
         """Sum of use x step: lower when the same memory sits earlier (the improvement's tie-break)."""
         return int(self.use[:self.end] @ np.arange(self.end))
@@ -252,14 +259,6 @@ def improve(sky: MemorySkyline, start: np.ndarray, feet: list[np.ndarray], promp
     score = (sky.end, sky.late_mass())
     since_shorter = 0
 
-    def take_out(moved: list[int]) -> None:
-        for j in moved:
-            sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
-
-    def put(j: int, t: int) -> None:
-        sky.place(feet[j], prompts[j], groups[j], t)
-        start[j] = t
-
     for _ in range(IMPROVE_MOVES):
         if sky.end <= bound or since_shorter >= IMPROVE_PATIENCE:
             return
@@ -272,20 +271,21 @@ def improve(sky: MemorySkyline, start: np.ndarray, feet: list[np.ndarray], promp
             moved = [last] + rng.choice(beside, size=min(len(beside), size - 1), replace=False).tolist()
         else:
             moved = rng.choice(len(start), size=min(len(start), size), replace=False).tolist()
-        old = start[moved].tolist()
-        take_out(moved)
-        for j in moved:
+        old, saved = start[moved], sky.snapshot()
+        for j in moved:  # ruin ...
+            sky.place(feet[j], prompts[j], groups[j], int(start[j]), sign=-1)
+        for j in moved:  # ... and recreate
             shifted = int(start[j]) + int(rng.integers(-shift, shift + 1))
-            put(j, sky.earliest_fit(feet[j], prompts[j], groups[j], shifted))
+            start[j] = sky.earliest_fit(feet[j], prompts[j], groups[j], shifted)
+            sky.place(feet[j], prompts[j], groups[j], int(start[j]))
         new = (sky.end, sky.late_mass())
         if new <= score:
             since_shorter = 0 if new[0] < score[0] else since_shorter + 1
             score = new
             continue
         since_shorter += 1
-        take_out(moved)  # undo
-        for j, t in zip(moved, old):
-            put(j, t)
+        sky.restore(saved)  # undo
+        start[moved] = old
 
 
 def _in_ticks(footprint: np.ndarray, tick: int) -> np.ndarray:
