@@ -200,13 +200,16 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
     np.maximum.at(group_longest, groups, steps)
     group_major = np.lexsort((np.arange(len(steps)), -steps, groups, -group_longest[groups]))
 
+    def paced_from(quantile: float, pacing: float) -> float:
+        return float(np.quantile(steps, quantile)) if pacing else np.inf
+
     def build(quantile: float, pacing: float, order: np.ndarray = longest_first) -> tuple[MemorySkyline, np.ndarray]:
         sky = MemorySkyline(memory.limit, horizon, n_groups, memory.max_running)
         start = np.zeros(len(steps), dtype=np.int64)
-        paced_from = np.quantile(steps, quantile) if pacing else np.inf
+        paced_from_steps = paced_from(quantile, pacing)
         not_before = 0.0
         for j in order.tolist():
-            paced = steps[j] >= paced_from
+            paced = steps[j] >= paced_from_steps
             t = sky.earliest_fit(feet[j], prompts[j], groups[j], int(not_before) if paced else 0)
             sky.place(feet[j], prompts[j], groups[j], t)
             start[j] = t
@@ -233,10 +236,16 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
     candidates = [(q, p, longest_first) for q, p in pacings]
     if n_groups > 1:  # groups one after another: each group in flight holds its prompt
         candidates.append((0.0, 0.0, group_major))
-    placed = 0
+    placed, built = 0, set()
     for quantile, pacing, order in candidates:
         if best is not None and placed + len(steps) > PLACEMENTS:
             break  # a big batch: the candidates tried so far must do (deterministic, unlike a time limit)
+        # candidates that pace the same samples at the same rate build the same plan (ties in the predicted lengths
+        # often put several quantiles on one cut): built once; the first of equal plans wins anyway
+        key = (id(order), pacing, (steps >= paced_from(quantile, pacing)).tobytes() if pacing else b"")
+        if key in built:
+            continue
+        built.add(key)
         sky, start = build(quantile, pacing, order)
         placed += len(steps)
         if sky.end > bound and (best is None or sky.end < COMPACT_WITHIN * best[0].end):
