@@ -15,11 +15,10 @@ import json
 
 import numpy as np
 
-from verl_infsample.bench_engine import bench_workload, earlier_params
+from verl_infsample.bench_engine import recorded_lengths, warm_on_recorded
 from verl_infsample.cli import _progress, format_table
 from verl_infsample.core import SlotPool
 from verl_infsample.core.predictor import HistoryPredictor, make_predictor
-from verl_infsample.core.sample import Group
 from verl_infsample.core.trace import TracePrompt
 from verl_infsample.engines import simulate
 
@@ -36,17 +35,6 @@ class QuantileHistory(HistoryPredictor):
         return float(np.quantile(list(kept), self.q)) if kept else super().predict(group, sample)
 
 
-def seed_lengths(seed: int, prompts: int, group_size: int, max_new_tokens: int, model_dir=None) -> dict:
-    """The bench's prompt lengths and, per prompt, the response lengths at ``seed`` and at its warming rollout."""
-    engine, prompt_ids, params, _ = bench_workload(model_dir=model_dir, prompts=prompts, seed=seed,
-                                                   max_new_tokens=max_new_tokens)
-    full = SlotPool(group_size)
-    runs = {tag: engine.rollout(prompt_ids, group_size, p, policy="full", capacity=full)
-            for tag, p in (("this", params), ("warm", earlier_params(params, 0)))}
-    return {"prompt_lens": [len(p) for p in prompt_ids],
-            **{tag: [[len(o.token_ids) for o in g] for g in run.outputs] for tag, run in runs.items()}}
-
-
 def replay(rec: dict, slots: int, max_new_tokens: int, quantiles=()) -> dict[str, int]:
     """Decode steps of each policy on one seed's lengths (``history`` warmed by the earlier rollout's)."""
     trace = [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
@@ -57,9 +45,7 @@ def replay(rec: dict, slots: int, max_new_tokens: int, quantiles=()) -> dict[str
     steps = {}
     for name, (policy, predictor) in runs.items():
         if isinstance(predictor, HistoryPredictor):
-            for i, lengths in enumerate(rec["warm"]):
-                for n in lengths:
-                    predictor.observe(Group(str(i), rec["prompt_lens"][i], len(lengths)), None, n)
+            warm_on_recorded(predictor, rec)
         steps[name] = simulate(trace, policy, SlotPool(slots), predictor, max_len=max_new_tokens).decode_steps
     return steps
 
@@ -77,7 +63,7 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for seed in _progress(range(args.seeds), "seeds"):
-        rec = seed_lengths(seed, args.prompts, args.group_size, args.max_new_tokens, args.model)
+        rec = recorded_lengths(seed, args.prompts, args.group_size, args.max_new_tokens, args.model)
         rows.append({"seed": seed, **replay(rec, args.slots, args.max_new_tokens, args.quantile)})
     names = [k for k in rows[0] if k != "seed"]
     rows.append({"seed": "total", **{k: sum(r[k] for r in rows) for k in names}})

@@ -119,10 +119,11 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
     reach it here, and the quantile variant predicts the quantile of the prompt's earlier lengths."""
     import math
 
+    from verl_infsample.bench_engine import recorded_lengths
     from verl_infsample.core.sample import Group
 
     module = _script("bench_seed_sweep")
-    rec = module.seed_lengths(0, prompts=2, group_size=8, max_new_tokens=16)
+    rec = recorded_lengths(0, prompts=2, group_size=8, max_new_tokens=16)
     assert len(rec["prompt_lens"]) == 2 and all(len(g) == 8 for g in rec["this"] + rec["warm"])
     assert all(1 <= n <= 16 for g in rec["this"] + rec["warm"] for n in g) and rec["this"] != rec["warm"]
     steps = module.replay(rec, slots=2, max_new_tokens=16, quantiles=(0.9,))
@@ -135,3 +136,22 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
         predictor.observe(Group("p", 5, 5), None, n)
     predictor.start_batch([])
     assert predictor.predict(Group("p", 5, 5), None) == pytest.approx(21.2)  # 8 + 0.6 x (30 - 8): linear
+
+
+def test_the_plan_benchmark_replays_kv_budget_workloads(monkeypatch, capsys):
+    """scripts/bench_plan.py (docs/engine.md's plan-time figures): every workload is replayed under its budget; plans
+    on exact lengths never preempt, none ends before its longest sample, and the total row adds the rows up."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["bench_plan.py", "--seeds", "1", "--synthetic", "1", "--json"])
+    module = _script("bench_plan")
+    longest = {name: max(max(p.lengths) for p in trace)
+               for name, trace, *_ in module.workloads(1, 1)}
+    module.main()
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["workload"] for r in rows[:-1]] == list(longest) and rows[-1]["workload"] == "total"
+    for r in rows[:-1]:
+        assert r["decode_steps"] >= longest[r["workload"]] and r["plan_ms"] > 0
+        if r["workload"].endswith("exact"):
+            assert r["preemptions"] == 0
+    assert rows[-1]["decode_steps"] == sum(r["decode_steps"] for r in rows[:-1])

@@ -120,6 +120,31 @@ def earlier_params(params, rollout: int):
     return SamplingParams(**{**params.__dict__, "seed": params.seed + 1_000_003 + rollout})
 
 
+def recorded_lengths(seed: int, prompts: int = 4, group_size: int = 64, max_new_tokens: int = 128,
+                     model_dir=None) -> dict:
+    """The bench's prompt lengths and, per prompt, the response lengths the model generates at ``seed`` (``this``)
+    and at the earlier rollout that warms ``history`` (``warm``): the workload's lengths, for replaying it in the
+    simulator (``scripts/bench_seed_sweep.py``, ``scripts/bench_plan.py``)."""
+    engine, prompt_ids, params, _ = bench_workload(model_dir=model_dir, prompts=prompts, seed=seed,
+                                                   max_new_tokens=max_new_tokens)
+    full = SlotPool(group_size)
+    runs = {tag: engine.rollout(prompt_ids, group_size, p, policy="full", capacity=full)
+            for tag, p in (("this", params), ("warm", earlier_params(params, 0)))}
+    return {"prompt_lens": [len(p) for p in prompt_ids],
+            **{tag: [[len(o.token_ids) for o in g] for g in run.outputs] for tag, run in runs.items()}}
+
+
+def warm_on_recorded(predictor, rec: dict):
+    """``predictor`` after it has seen the warming rollout of ``recorded_lengths`` (what ``bench-engine`` warms it
+    with), returned for chaining."""
+    from .core.sample import Group
+
+    for i, lengths in enumerate(rec["warm"]):
+        for n in lengths:
+            predictor.observe(Group(str(i), rec["prompt_lens"][i], len(lengths)), None, n)
+    return predictor
+
+
 def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
                      policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
                      top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None):
