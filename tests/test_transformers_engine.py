@@ -60,6 +60,36 @@ def test_same_seed_same_samples_under_every_schedule(tiny_engine, tiny_prompts, 
     assert tiny_engine.pool.in_use == 0  # everything freed at the end
 
 
+@pytest.mark.parametrize("policy, capacity", [("continuous", SlotPool(5)), ("infinite", KVBudget(700))])
+def test_the_cascade_and_the_per_row_gather_decode_the_same_samples(tiny_engine, tiny_prompts, reference, policy,
+                                                                      capacity, monkeypatch):
+    """A decode step reads each group's prompt once (the cascade) only where the per-row copies it saves are large
+    (``shares_prompt``); both ways give the reference's tokens, and the threshold picks the way (every step, or
+    none, here)."""
+    from verl_infsample.engines import shared_prefix, transformers_engine
+
+    prompts, _ = tiny_prompts
+    params, full = reference
+    cascades = []
+    real = transformers_engine.SharedPromptDecode
+
+    def counted(*args, **kwargs):
+        cascades.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers_engine, "SharedPromptDecode", counted)
+    for threshold, expect_cascade in ((0, True), (10**9, False)):
+        cascades.clear()
+        monkeypatch.setattr(shared_prefix, "SHARE_PROMPT_TOKENS", threshold)
+        res = tiny_engine.rollout(prompts, 8, params, policy=policy, capacity=capacity)
+        assert _tokens(res) == _tokens(full)
+        for a, b in zip(res.outputs, full.outputs):
+            for x, y in zip(a, b):
+                np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=1e-5)
+        steps_fed = res.stats.decode_steps - res.stats.recompute_steps
+        assert (len(cascades) >= steps_fed // 2) if expect_cascade else not cascades
+
+
 def test_samples_vary_and_depend_on_seed(tiny_engine, tiny_prompts, reference):
     prompts, stop = tiny_prompts
     params, full = reference

@@ -12,6 +12,14 @@ beside a few paced long ones (at rollout.n=1024 under a KV budget the padded gat
 rows are cut into a few buckets by own length, each padded to its own longest, where the copy a cut saves is worth
 the extra kernels (``OWN_CUT_TOKENS``: small on a CPU, where copies are slow; large on a GPU, where launches are).
 
+The cascade pays for its copies saved with more, smaller kernels (per group, per bucket, and the merge), so a step
+takes it only where the copies it saves are worth that (``shares_prompt``): measured on this CPU with the tiny shape,
+gathering per row is 3-31% faster while the rows' redundant prompt copies total up to a few thousand token slots
+(the bench's 12-token prompts, 8-30 rows), the two are even from about 6000 to 16,000, and the cascade is 35% faster
+at 32k (256-token prompts, 128 rows). On a GPU the copies cost less and the launches more, but a big copy is also
+a big transient, so the same threshold keeps the cascade where the memory it saves matters (8192 slots at
+Qwen3-1.7B's shape: about 32 MiB a layer in bf16).
+
 transformers picks the attention function by name, so the engine switches its model to ``infsample_paged``: for
 every input but ours it is transformers' ``sdpa`` (same masks, same kernels), so ``generate`` on the same model
 object is unchanged; for a ``SharedPromptDecode`` pass it is the cascade above, computed in float32.
@@ -28,6 +36,14 @@ OWN_BUCKETS = 4  # at most this many own-length buckets per step
 # figure is a guess, not measured: on a GPU a copy is cheap and each bucket adds kernel launches
 OWN_CUT_TOKENS = {"cpu": 4096}
 DEFAULT_CUT_TOKENS = 65_536
+SHARE_PROMPT_TOKENS = 8192  # redundant prompt token slots a step must hold for the cascade (see above)
+
+
+def shares_prompt(row_prompt_lens: list[int], group_prompt_lens: list[int]) -> bool:
+    """Whether a decode step should read each group's prompt once (the cascade) rather than gather it per row: when
+    the per-row copies it saves, sum(rows' prompt lengths) - sum(distinct groups' prompt lengths), reach
+    ``SHARE_PROMPT_TOKENS``."""
+    return sum(row_prompt_lens) - sum(group_prompt_lens) >= SHARE_PROMPT_TOKENS
 
 
 class SharedPromptDecode:

@@ -11,9 +11,10 @@ Step-level batched decoding over the running set the scheduler hands it:
 * each step feeds every running sample its last token in one batched forward pass, rows padded only to this
   step's longest own context; a finished sample frees its blocks and the scheduler refills the slot at once;
 * attention runs through the model's own code over a paged KV store (``kv_blocks``), passed as a duck-typed
-  ``Cache``: no model code is rewritten. Prefill passes attend with sdpa; a decode step reads each group's prompt
-  once for all its rows (``shared_prefix``: cascade attention, registered with transformers as ``infsample_paged``,
-  which is sdpa for every other input).
+  ``Cache``: no model code is rewritten. Prefill passes attend with sdpa, as does a decode step whose rows' prompt
+  copies are small (one gathered context per row); one with large copies reads each group's prompt once for all its
+  rows (``shared_prefix``: cascade attention, registered with transformers as ``infsample_paged``, which is sdpa for
+  every other input).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
-from .shared_prefix import SharedPromptDecode, use_shared_prefix_attention
+from .shared_prefix import SharedPromptDecode, shares_prompt, use_shared_prefix_attention
 from . import sampling, torch_sampling
 from .sampling import SamplingParams
 
@@ -204,8 +205,14 @@ class TransformersEngine:
                 own.append(self._slots[s.uid][:fed])
                 last.append(s.payload["tokens"][-1])
                 positions.append(len(self._prompts[s.group]) + fed - 1)
-            out = self._run(torch.tensor(last)[:, None], torch.tensor(positions)[:, None],
-                            SharedPromptDecode(self.pool, groups, self._prompt_slots, own), mask=None)
+            ids, positions = torch.tensor(last)[:, None], torch.tensor(positions)[:, None]
+            if shares_prompt([len(self._prompts[g]) for g in groups],
+                             [len(self._prompts[g]) for g in dict.fromkeys(groups)]):
+                out = self._run(ids, positions, SharedPromptDecode(self.pool, groups, self._prompt_slots, own),
+                                mask=None)
+            else:  # small prompt copies: one gathered context per row is cheaper than the cascade's kernels
+                out = self._forward(ids, positions, [self._context(running[i], len(o)) for i, o in zip(feeding, own)],
+                                    q_len=1)
         rngs = [s.payload["rng"] for s in running]
         drawn: list[int] = []
         if out is not None and len(feeding) == len(running):
