@@ -304,7 +304,7 @@ def test_slot_plan_interleaves_groups_within_a_chunk_and_keeps_chunks_apart():
 
 def test_the_plan_counts_as_the_rollouts_scheduling_time():
     """The plan is made when the scheduler is built, before the decode loop; the rollout's scheduler time (what
-    ``bench-engine`` reports as ``sched_overhead``) includes it. Under a KV budget the skyline plan is most of it."""
+    ``bench-engine`` reports as ``sched_overhead``) includes it; ``step_overhead`` leaves it out."""
     from verl_infsample.core import build_scheduler, synth_trace
     from verl_infsample.core.sample import Group
     from verl_infsample.engines.base import run_rollout
@@ -315,8 +315,11 @@ def test_the_plan_counts_as_the_rollouts_scheduling_time():
                             KVBudget(3000), "oracle", 256, true_lengths=[list(p.lengths) for p in trace])
     assert sched.policy.plan_info["plan_method"] == "skyline" and sched.stats.plan_ms > 0
     timing = run_rollout(SimulatedEngine(), sched)
-    assert timing.scheduler_s >= sched.stats.plan_ms / 1e3
+    assert timing.scheduler_s >= sched.stats.plan_ms / 1e3 == timing.plan_s
     assert timing.scheduler_share > 0
+    # the per-step overhead (bench-engine's step_overhead) is the loop's bookkeeping alone, against the engine's time
+    assert 0 < timing.step_overhead == pytest.approx((timing.scheduler_s - timing.plan_s) / timing.engine_s)
+    assert timing.step_overhead < timing.scheduler_s / timing.engine_s
 
 
 @settings(max_examples=300, deadline=None)
@@ -336,6 +339,44 @@ def test_held_in_blocks_equals_every_sample_at_every_time(members, block):
     at, g = rem[order], gen[order]
     plain = [sum(whole_blocks(g[i] + at[j], block) for i in range(len(at)) if at[i] >= at[j]) for j in range(len(at))]
     np.testing.assert_array_equal(held_in_blocks(g, at, block), plain)
+
+
+_MEMBER = st.tuples(st.integers(0, 300), st.one_of(st.integers(1, 200).map(float), st.floats(1.0, 200.0)),
+                    st.integers(0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(members=st.lists(_MEMBER, max_size=16), extra=st.one_of(st.none(), _MEMBER),
+       block=st.sampled_from([1, 3, 16]), prompts=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+       ahead=st.integers(0, 5))
+def test_a_few_samples_are_accounted_in_python_exactly_as_in_arrays(members, extra, block, prompts, ahead):
+    """Up to ``FEW_SAMPLES`` running samples the KV projection and the next step's use are summed in plain Python:
+    the same numbers as the array path, to the bit (ties, fractional predictions, block edges, empty sets)."""
+    import types
+
+    from verl_infsample.core import PagedKVBudget, Scheduler
+    from verl_infsample.core import capacity, scheduler
+    from verl_infsample.core.capacity import SampleArrays
+    from verl_infsample.core.sample import Sample
+
+    def sample(i, gen, rem, group):
+        return Sample(uid=i, group=group, index=i, prompt_len=prompts[group], predicted_len=gen + rem, generated=gen,
+                      state=SampleState.RUNNING)
+
+    few_samples = capacity.FEW_SAMPLES
+    running = [sample(i, *m) for i, m in enumerate(members)]
+    ledger = types.SimpleNamespace(running=running, num_running=len(running),
+                                   running_arrays=lambda: SampleArrays.of(running))
+    extra_sample = None if extra is None else sample(len(running), *extra)
+    few = Scheduler.projected_peak_tokens(ledger, extra_sample, block)
+    budgets = [KVBudget(10**6, block_size=block), PagedKVBudget(10**6, max(2, block))]
+    few_use = [b.in_use(running, ahead) for b in budgets]
+    try:  # the array path for any size
+        scheduler.FEW_SAMPLES = capacity.FEW_SAMPLES = -1
+        assert Scheduler.projected_peak_tokens(ledger, extra_sample, block) == few
+        assert [b.in_use(running, ahead) for b in budgets] == few_use
+    finally:
+        scheduler.FEW_SAMPLES = capacity.FEW_SAMPLES = few_samples
 
 
 def test_held_in_blocks_for_a_few_hundred_running_samples():

@@ -346,7 +346,7 @@ def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, t
     from verl_infsample.cli import main
 
     fields = {"policy", "decode_steps", "peak_kv_bytes", "wall_s", "tokens_per_s", "total_tokens",
-              "identical_to_full"}
+              "identical_to_full", "sched_overhead", "step_overhead"}
     common = ["bench-engine", "--model", tiny_model_dir, "--prompts", "2", "--group-size", "4", "--slots", "2",
               "--max-new-tokens", "12", "--json"]
     plot = tmp_path / "kv.png"

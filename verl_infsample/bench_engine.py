@@ -30,6 +30,7 @@ class EngineBenchRow:
     total_tokens: int
     identical_to_full: bool
     sched_overhead: float | None  # share of wall time in the scheduler: its plan and its bookkeeping (None for hf-*)
+    step_overhead: float | None  # the scheduler's bookkeeping per decode step / the engine's time per step (no plan)
     prefill_passes: int | None
     preemptions: int | None
 
@@ -183,7 +184,8 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
             policy=name, decode_steps=res.stats.decode_steps, peak_kv_bytes=res.kv.peak_in_use_bytes,
             wall_s=round(res.wall_s, 3), tokens_per_s=round(res.total_tokens / res.wall_s, 1),
             total_tokens=res.total_tokens, identical_to_full=tokens == reference,
-            sched_overhead=round(res.timing.scheduler_share, 4), prefill_passes=res.stats.prefill_passes,
+            sched_overhead=round(res.timing.scheduler_share, 4), step_overhead=round(res.timing.step_overhead, 4),
+            prefill_passes=res.stats.prefill_passes,
             preemptions=res.stats.preemptions))
         timelines[name] = list(res.kv.timeline)
     for name in [p for p in policies if p in HF_POLICIES]:
@@ -192,6 +194,7 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
         rows.append(EngineBenchRow(
             policy=name, decode_steps=run.decode_steps, peak_kv_bytes=run.peak_kv_bytes, wall_s=round(run.wall_s, 3),
             tokens_per_s=round(run.total_tokens / run.wall_s, 1), total_tokens=run.total_tokens,
-            identical_to_full=run.outputs == reference, sched_overhead=None, prefill_passes=None, preemptions=None))
+            identical_to_full=run.outputs == reference, sched_overhead=None, step_overhead=None,
+            prefill_passes=None, preemptions=None))
         timelines[name] = run.kv_timeline
     return rows, timelines

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .capacity import Capacity, KVBudget, SampleArrays, SlotPool, whole_blocks
+from .capacity import FEW_SAMPLES, Capacity, KVBudget, SampleArrays, SlotPool, whole_blocks
 from .policies import Policy, make_policy
 from .predictor import LengthPredictor, make_predictor
 from .sample import Group, Sample, SampleState
@@ -191,6 +191,9 @@ class Scheduler:
         in whole blocks of that many tokens (what a paged store allocates). Read under a KV budget only, where a
         group holds its prompt exactly while one of its samples runs.
         """
+        if len(self.running) + (extra is not None) <= FEW_SAMPLES:
+            few = self.running if extra is None else [*self.running, extra]
+            return peak_of_few([(s.remaining_predicted(), s.generated, s.group, s.prompt_len) for s in few], block_size)
         members = self.running_arrays() if extra is None else self.running_arrays().plus(extra)
         if not len(members):
             return 0
@@ -350,6 +353,33 @@ class Scheduler:
         for s in self.samples:
             out[s.group].append(s)
         return out
+
+
+def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
+    """``Scheduler.projected_peak_tokens`` of a few ``members`` (remaining, generated, group, prompt length), summed
+    in plain Python (``FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same result to
+    the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
+    holds its generated tokens plus that time, in whole blocks, and each group with one still running its prompt."""
+    members = sorted(members, key=lambda m: -m[0])  # (stable, as the array path's argsort)
+    peak, prompts, held, generated = None, 0, set(), 0.0
+    j = 0
+    while j < len(members):
+        at, k = members[j][0], j
+        while k < len(members) and members[k][0] == at:  # ties end together: all of them run until ``at``
+            _, gen, group, prompt_len = members[k]
+            if group not in held:
+                held.add(group)
+                prompts += whole_blocks(prompt_len, block)
+            if block == 1:
+                generated += gen
+            k += 1
+        if block == 1:
+            tokens = generated + k * at
+        else:
+            tokens = sum(whole_blocks(gen + at, block) for _, gen, _, _ in members[:k])
+        peak = tokens + prompts if peak is None else max(peak, tokens + prompts)
+        j = k
+    return int(peak) if peak is not None else 0
 
 
 _DIRECT_UP_TO = 40  # samples up to which held_in_blocks sums the [m, m] matrix (~40 us either way there; measured)

@@ -47,11 +47,18 @@ class LoopTiming:
     scheduler_s: float = 0.0
     engine_s: float = 0.0
     steps: int = 0
+    plan_s: float = 0.0  # of scheduler_s: the plan, once per rollout
 
     @property
     def scheduler_share(self) -> float:
         total = self.scheduler_s + self.engine_s
         return self.scheduler_s / total if total else 0.0
+
+    @property
+    def step_overhead(self) -> float:
+        """The scheduler's bookkeeping per decode step (admit, make room, retire: the plan left out) against the
+        engine's time per step."""
+        return (self.scheduler_s - self.plan_s) / self.engine_s if self.engine_s else 0.0
 
 
 def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler], None] | None = None) -> LoopTiming:
@@ -59,7 +66,8 @@ def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler],
 
     Any exception inside a step propagates: a rollout never returns partial groups.
     """
-    timing = LoopTiming(scheduler_s=sched.stats.plan_ms / 1e3)  # the plan is this rollout's scheduling too
+    plan_s = sched.stats.plan_ms / 1e3
+    timing = LoopTiming(scheduler_s=plan_s, plan_s=plan_s)  # the plan is this rollout's scheduling too
     clock = time.perf_counter
     while not sched.done:
         t0 = clock()
