@@ -351,8 +351,8 @@ def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, t
               "--max-new-tokens", "12", "--json"]
     plot = tmp_path / "kv.png"
     capsys.readouterr()
-    assert main([*common, "--policy", "naive,infinite,hf-micro", "--plot", str(plot)]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    assert main([*common, "--policy", "naive,infinite,hf-micro", "--plot", str(plot), "--repeat", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)  # (each row its faster round of two)
     assert [r["policy"] for r in rows] == ["naive", "infinite", "hf-micro"]
     assert all(fields <= set(r) for r in rows)
     assert rows[0]["identical_to_full"] and rows[1]["identical_to_full"]
@@ -367,3 +367,5 @@ def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, t
     assert "--predictor 'oracle'" in capsys.readouterr().err
     assert main([*common, "--warm-rollouts", "-1"]) == 2
     assert "--warm-rollouts must be >= 0" in capsys.readouterr().err
+    assert main([*common, "--repeat", "0"]) == 2
+    assert "--repeat must be >= 1" in capsys.readouterr().err

@@ -361,6 +361,7 @@ def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
     the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
     holds its generated tokens plus that time, in whole blocks, and each group with one still running its prompt."""
     members = sorted(members, key=lambda m: -m[0])  # (stable, as the array path's argsort)
+    gens = [m[1] for m in members]
     peak, prompts, held, generated = None, 0, set(), 0.0
     j = 0
     while j < len(members):
@@ -376,7 +377,7 @@ def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
         if block == 1:
             tokens = generated + k * at
         else:
-            tokens = sum(whole_blocks(gen + at, block) for _, gen, _, _ in members[:k])
+            tokens = sum(-(-(gen + at) // block) for gen in gens[:k]) * block  # (whole blocks, exact)
         peak = tokens + prompts if peak is None else max(peak, tokens + prompts)
         j = k
     return int(peak) if peak is not None else 0
