@@ -355,7 +355,7 @@ def test_a_few_samples_are_accounted_in_python_exactly_as_in_arrays(members, ext
     import types
 
     from verl_infsample.core import PagedKVBudget, Scheduler
-    from verl_infsample.core import capacity, scheduler
+    from verl_infsample.core import capacity
     from verl_infsample.core.capacity import SampleArrays
     from verl_infsample.core.sample import Sample
 
@@ -372,11 +372,11 @@ def test_a_few_samples_are_accounted_in_python_exactly_as_in_arrays(members, ext
     budgets = [KVBudget(10**6, block_size=block), PagedKVBudget(10**6, max(2, block))]
     few_use = [b.in_use(running, ahead) for b in budgets]
     try:  # the array path for any size
-        scheduler.FEW_SAMPLES = capacity.FEW_SAMPLES = -1
+        capacity.FEW_SAMPLES = -1
         assert Scheduler.projected_peak_tokens(ledger, extra_sample, block) == few
         assert [b.in_use(running, ahead) for b in budgets] == few_use
     finally:
-        scheduler.FEW_SAMPLES = capacity.FEW_SAMPLES = few_samples
+        capacity.FEW_SAMPLES = few_samples
 
 
 def test_held_in_blocks_for_a_few_hundred_running_samples():

@@ -79,6 +79,14 @@ class Ledger(Protocol):
     def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int: ...
 
 
+def running_set(ledger: Ledger, extra: Sample | None = None) -> list[Sample] | SampleArrays:
+    """The ledger's running set (plus ``extra``) as the accounting reads it fastest: the samples themselves up to
+    ``FEW_SAMPLES`` of them, else the admission round's arrays (``Ledger.running_arrays``)."""
+    if ledger.num_running + (extra is not None) <= FEW_SAMPLES:
+        return ledger.running if extra is None else [*ledger.running, extra]
+    return ledger.running_arrays() if extra is None else ledger.running_arrays().plus(extra)
+
+
 @dataclass(frozen=True)
 class SlotPool:
     slots: int
@@ -167,15 +175,11 @@ class KVBudget:
 
     def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
         """Admission without reserving growth (the ``plain`` baseline): the next step, ``sample`` included, fits."""
-        if not self._below_max_running(ledger):
-            return False
-        few = ledger.num_running < FEW_SAMPLES
-        return self.in_use([*ledger.running, sample] if few else ledger.running_arrays().plus(sample)) <= self.limit
+        return self._below_max_running(ledger) and self.in_use(running_set(ledger, sample)) <= self.limit
 
     def overflows(self, ledger: Ledger) -> bool:
         """Would the next decode step (one token per running sample) exceed the budget?"""
-        few = ledger.num_running <= FEW_SAMPLES
-        return self.in_use(ledger.running if few else ledger.running_arrays()) > self.limit
+        return self.in_use(running_set(ledger)) > self.limit
 
     @property
     def limit(self) -> int:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .capacity import FEW_SAMPLES, Capacity, KVBudget, SampleArrays, SlotPool, whole_blocks
+from .capacity import Capacity, KVBudget, SampleArrays, SlotPool, running_set, whole_blocks
 from .policies import Policy, make_policy
 from .predictor import LengthPredictor, make_predictor
 from .sample import Group, Sample, SampleState
@@ -191,10 +191,10 @@ class Scheduler:
         in whole blocks of that many tokens (what a paged store allocates). Read under a KV budget only, where a
         group holds its prompt exactly while one of its samples runs.
         """
-        if len(self.running) + (extra is not None) <= FEW_SAMPLES:
-            few = self.running if extra is None else [*self.running, extra]
-            return peak_of_few([(s.remaining_predicted(), s.generated, s.group, s.prompt_len) for s in few], block_size)
-        members = self.running_arrays() if extra is None else self.running_arrays().plus(extra)
+        members = running_set(self, extra)
+        if not isinstance(members, SampleArrays):
+            return peak_of_few([(s.remaining_predicted(), s.generated, s.group, s.prompt_len) for s in members],
+                               block_size)
         if not len(members):
             return 0
         rem, gen = members.remaining, members.generated.astype(float)
@@ -357,7 +357,7 @@ class Scheduler:
 
 def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
     """``Scheduler.projected_peak_tokens`` of a few ``members`` (remaining, generated, group, prompt length), summed
-    in plain Python (``FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same result to
+    in plain Python (``capacity.FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same result to
     the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
     holds its generated tokens plus that time, in whole blocks, and each group with one still running its prompt."""
     members = sorted(members, key=lambda m: -m[0])  # (stable, as the array path's argsort)
