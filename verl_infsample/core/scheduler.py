@@ -357,8 +357,8 @@ class Scheduler:
 
 def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
     """``Scheduler.projected_peak_tokens`` of a few ``members`` (remaining, generated, group, prompt length), summed
-    in plain Python (``capacity.FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same result to
-    the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
+    in plain Python (``capacity.FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same
+    result to the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
     holds its generated tokens plus that time, in whole blocks, and each group with one still running its prompt."""
     members = sorted(members, key=lambda m: -m[0])  # (stable, as the array path's argsort)
     gens = [m[1] for m in members]

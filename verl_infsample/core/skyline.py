@@ -200,16 +200,13 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
     np.maximum.at(group_longest, groups, steps)
     group_major = np.lexsort((np.arange(len(steps)), -steps, groups, -group_longest[groups]))
 
-    def paced_from(quantile: float, pacing: float) -> float:
-        return float(np.quantile(steps, quantile)) if pacing else np.inf
-
-    def build(quantile: float, pacing: float, order: np.ndarray = longest_first) -> tuple[MemorySkyline, np.ndarray]:
+    def build(paced_from: float, pacing: float, order: np.ndarray) -> tuple[MemorySkyline, np.ndarray]:
+        """Samples in ``order``, each at its earliest fit; those of ``paced_from`` ticks or more paced."""
         sky = MemorySkyline(memory.limit, horizon, n_groups, memory.max_running)
         start = np.zeros(len(steps), dtype=np.int64)
-        paced_from_steps = paced_from(quantile, pacing)
         not_before = 0.0
         for j in order.tolist():
-            paced = steps[j] >= paced_from_steps
+            paced = steps[j] >= paced_from
             t = sky.earliest_fit(feet[j], prompts[j], groups[j], int(not_before) if paced else 0)
             sky.place(feet[j], prompts[j], groups[j], t)
             start[j] = t
@@ -242,11 +239,12 @@ def plan_skyline(lengths: np.ndarray, prompt_lens: np.ndarray, groups: np.ndarra
             break  # a big batch: the candidates tried so far must do (deterministic, unlike a time limit)
         # candidates that pace the same samples at the same rate build the same plan (ties in the predicted lengths
         # often put several quantiles on one cut): built once; the first of equal plans wins anyway
-        key = (id(order), pacing, (steps >= paced_from(quantile, pacing)).tobytes() if pacing else b"")
+        paced_from = float(np.quantile(steps, quantile)) if pacing else np.inf
+        key = (id(order), pacing, (steps >= paced_from).tobytes())
         if key in built:
             continue
         built.add(key)
-        sky, start = build(quantile, pacing, order)
+        sky, start = build(paced_from, pacing, order)
         placed += len(steps)
         if sky.end > bound and (best is None or sky.end < COMPACT_WITHIN * best[0].end):
             placed += compact(sky, start)  # (compaction gains a few percent: far behind the best, not compacted)

@@ -27,6 +27,8 @@ object is unchanged; for a ``SharedPromptDecode`` pass it is the cascade above, 
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 ATTENTION = "infsample_paged"
@@ -39,7 +41,7 @@ DEFAULT_CUT_TOKENS = 65_536
 SHARE_PROMPT_TOKENS = 8192  # redundant prompt token slots a step must hold for the cascade (see above)
 
 
-def shares_prompt(row_prompt_lens: list[int], group_prompt_lens: list[int]) -> bool:
+def shares_prompt(row_prompt_lens: Iterable[int], group_prompt_lens: Iterable[int]) -> bool:
     """Whether a decode step should read each group's prompt once (the cascade) rather than gather it per row: when
     the per-row copies it saves, sum(rows' prompt lengths) - sum(distinct groups' prompt lengths), reach
     ``SHARE_PROMPT_TOKENS``."""

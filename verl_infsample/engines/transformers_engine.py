@@ -196,18 +196,18 @@ class TransformersEngine:
         feeding = [i for i, s in enumerate(running) if s.payload["tokens"]]
         out = None
         if feeding:
-            groups, own, last, positions = [], [], [], []
+            groups, prompt_lens, own, last, positions = [], [], [], [], []
             for i in feeding:
                 s = running[i]
                 fed = len(s.payload["tokens"])  # after this pass, every token but none new is in the KV
                 self._ensure_blocks(s, fed)
                 groups.append(s.group)
+                prompt_lens.append(len(self._prompts[s.group]))
                 own.append(self._slots[s.uid][:fed])
                 last.append(s.payload["tokens"][-1])
-                positions.append(len(self._prompts[s.group]) + fed - 1)
+                positions.append(prompt_lens[-1] + fed - 1)
             ids, positions = torch.tensor(last)[:, None], torch.tensor(positions)[:, None]
-            if shares_prompt([len(self._prompts[g]) for g in groups],
-                             [len(self._prompts[g]) for g in dict.fromkeys(groups)]):
+            if shares_prompt(prompt_lens, dict(zip(groups, prompt_lens)).values()):
                 out = self._run(ids, positions, SharedPromptDecode(self.pool, groups, self._prompt_slots, own),
                                 mask=None)
             else:  # small prompt copies: one gathered context per row is cheaper than the cascade's kernels
