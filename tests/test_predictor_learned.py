@@ -135,6 +135,78 @@ def test_sibling_lengths_move_waiting_predictions():
     assert after_long > before[0] * 1.5 and after_short < after_long / 1.5
 
 
+
+def _regression_by_hand(p: LearnedPredictor, ci: int, row: np.ndarray, generated: int) -> float:
+    """What checkpoint ``ci``'s regressor says for the full feature row ``row`` (siblings filled in): the model's
+    formula, written out."""
+    y = float(p._w[ci] @ row) + p._drift[ci] + p._z * p._sigma[ci]
+    return min(200.0, max(generated + 1.0, p.checkpoints[ci] + math.exp(min(max(y, 0.0), math.log(200)))))
+
+
+def test_reports_at_once_and_sibling_refreshes_predict_the_full_feature_rows():
+    """A step's reports go to the predictor at once (one array of features, one product per checkpoint) and a
+    waiting sample's prediction follows its finished siblings by their term alone: both predict exactly what the
+    regressor says for the sample's full feature row, and the rows it learns from carry the siblings of their
+    time."""
+    from verl_infsample.predict.features import SIBLINGS, with_siblings
+
+    trace = _token_trace(8, 16, 0)
+    p, one_by_one = (make_predictor("learned:k=8,min=8", max_len=200) for _ in range(2))
+    for pred in (p, one_by_one):  # (under a KV budget, where waiting samples' features follow their siblings)
+        for seed in range(3):
+            simulate(_token_trace(8, 16, seed + 1), "infinite", KVBudget(1200), pred, max_len=200)
+        pred.refit()
+    assert min(abs(w) for w in p._w_siblings[1]) > 1e-3  # it learned what siblings say at one token
+    groups = [Group(t.prompt_id, t.prompt_len, 16) for t in trace[:2]]
+    for pred in (p, one_by_one):
+        pred.start_batch(groups)
+    samples = [Sample(uid=g * 16 + i, group=g, index=i, prompt_len=10) for g in range(2) for i in range(16)]
+    windows = [TokenWindow(trace[s.group].tokens[s.index][:1]) for s in samples]
+    assert p.observe_tokens_many([(groups[s.group], s, w) for s, w in zip(samples, windows)]) == [True] * 32
+    assert [one_by_one.observe_tokens(groups[s.group], s, w) for s, w in zip(samples, windows)] == [True] * 32
+    first = [p.predict(groups[s.group], s) for s in samples]
+    assert first == pytest.approx([one_by_one.predict(groups[s.group], s) for s in samples], rel=1e-12)
+    assert len(set(np.round(first, 6))) > 2  # (the first tokens tell the samples apart)
+
+    # three samples of group 0 finish: the others, still waiting, are re-predicted with the new sibling features
+    for s in samples[:3]:
+        p.observe(groups[0], s, 40 + s.index)
+    ctx = p._context(groups[0])
+    assert ctx.siblings == (1.0, sum(math.log(40 + i) for i in range(3)) / 3 / 5.0, 3 / 16)
+    for s in samples[3:16]:
+        ci, x, _ = p._live[(groups[0].prompt_id, s.index)].snapshots[-1]
+        full = x.copy()
+        full[SIBLINGS:SIBLINGS + 3] = ctx.siblings
+        assert p.predict(groups[0], s) == pytest.approx(_regression_by_hand(p, ci, full, 0), rel=1e-12)
+    assert p.predict(groups[0], samples[5]) != pytest.approx(first[5], rel=1e-6)  # (the siblings moved it)
+    assert p.predict(groups[1], samples[20]) == first[20]  # another group's siblings did not
+
+    # a waiting sample's snapshots follow its siblings until it starts; the rows learned carry those siblings
+    s = samples[7]
+    s.generated = 4  # it started: its next report is at 4 tokens
+    three = ctx.siblings
+    p.observe_tokens_many([(groups[0], s, TokenWindow(trace[0].tokens[7][:4]))])
+    p.observe(groups[0], s, 50)
+    assert ctx.siblings[2] == 4 / 16
+    assert [r[1] for r in p._rows[1]] == [(0.0, 0.0, 0.0)] * 3 + [three]  # 0-2 finished before any sibling
+    (x4, siblings4, y4), = p._rows[2]
+    assert siblings4 == three and x4[SIBLINGS:SIBLINGS + 3].tolist() == [0.0] * 3
+    assert y4 == pytest.approx(math.log(50 - 4))
+    assert with_siblings(np.array([x4]), np.array([siblings4]))[0, SIBLINGS:SIBLINGS + 3].tolist() == list(three)
+
+
+def test_the_ridge_systems_stay_single_threaded_in_openblas():
+    """The regressors are solved directly; OpenBLAS solves a system of fewer than 10,000 entries on one thread
+    (from 100 x 100 on, its thread pool costs milliseconds a solve on a busy machine): more features than 99 need
+    another solver."""
+    from verl_infsample.predict.features import DIM
+
+    assert DIM * DIM < 10_000
+    p = make_predictor("learned:k=8,min=8", max_len=200)
+    simulate(_token_trace(8, 16, 0), "infinite", SlotPool(4), p, max_len=200)
+    p.refit()
+    A, b = p._A[1], p._b[1]
+    assert np.allclose((A + p.ridge * np.eye(DIM)) @ p._w[1], b, atol=1e-9)
 def test_save_load_warm_start_and_mismatch(tmp_path):
     trace = _token_trace(10, 16, 3)
     state = tmp_path / "len.npz"
@@ -295,8 +367,9 @@ def test_engine_reports_tokens_at_checkpoints(tiny_engine, tiny_rollouts):
     for rollout in rollouts[:3]:
         simulate(rollout, "infinite", SlotPool(8), learned, max_len=64)
     seen = []
-    original = learned.observe_tokens
-    learned.observe_tokens = lambda g, s, w: seen.append(len(w.token_ids)) or original(g, s, w)
+    original = learned.observe_tokens_many  # (the scheduler hands a step's reports over at once)
+    learned.observe_tokens_many = lambda reports: seen.extend(len(w.token_ids) for _, _, w in reports) or original(
+        reports)
     texts = [p.prompt_id for p in rollouts[0]]
     params = SamplingParams(max_new_tokens=64, stop_token_ids=(eos,), seed=0, logit_bias=((eos, 0.0),))
     res = tiny_engine.rollout(ids, 16, params, policy="infinite", capacity=SlotPool(8), predictor=learned,

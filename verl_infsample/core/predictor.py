@@ -7,8 +7,9 @@ information a predictor answers ``max_len``, the worst case, which is also the s
 Optional hooks a predictor may have (the scheduler and engines call them only when present; features are plain
 numbers, so the core stays free of tensors): ``start_batch(groups)`` before a rollout is planned,
 ``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens,
-``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed),
-and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
+``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed;
+``observe_tokens_many([(group, sample, features), ...]) -> [bool, ...]`` instead where present: a step's reports at
+once), and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
 predicted length and goes on (read under a KV budget, where the admission projects running samples' growth).
 """
 

@@ -14,6 +14,9 @@ The scheduler knows nothing of tokens, tensors or models; engines keep those in 
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -92,6 +95,10 @@ class Scheduler:
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
         self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
                                     and hasattr(predictor, "predict_outgrown"))
+        # (decode step at which it reaches its prediction, tiebreak, running sample): watched, not scanned each step
+        self._outgrowing: list[tuple[int, int, Sample]] = []
+        self._tiebreak = itertools.count()
+        self._decoded = 0  # decode steps that gave the running samples a token (recompute passes do not)
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
         self.token_checkpoints = (reported_checkpoints(predictor, capacity, max_len) if self.refines_predictions
                                   else frozenset())
@@ -118,8 +125,7 @@ class Scheduler:
         windows = first_tokens(self.samples)
         if len(windows) != len(self.samples):
             raise RuntimeError(f"first_tokens returned {len(windows)} windows for {len(self.samples)} samples")
-        for s, window in zip(self.samples, windows):
-            self.predictor.observe_tokens(self.groups[s.group], s, window)
+        self._observe_tokens([(s, window) for s, window in zip(self.samples, windows)])
         self.token_checkpoints -= {1}  # every sample's first token is known now: no need to report it again
         self.stats.lookahead_prefills = len(self.groups)
         self.stats.predict_ms += (time.perf_counter() - t0) * 1e3
@@ -145,22 +151,39 @@ class Scheduler:
         if not self.refines_predictions:
             return
         t0 = time.perf_counter()
-        changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
+        changed = [s for (s, _), new in zip(reports, self._observe_tokens(reports)) if new]
         if not self._read_while_decoding:
             changed = [s for s in changed if s.state is SampleState.WAITING]
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+
+    def _observe_tokens(self, reports: list[tuple[Sample, tuple]]) -> list[bool]:
+        """The predictor reads the reports (all at once where it can: ``observe_tokens_many``); True where a
+        sample's prediction changed."""
+        if hasattr(self.predictor, "observe_tokens_many"):
+            return self.predictor.observe_tokens_many([(self.groups[s.group], s, window) for s, window in reports])
+        return [self.predictor.observe_tokens(self.groups[s.group], s, window) for s, window in reports]
 
     def _predict_outgrown(self) -> None:
         """Running samples that reached their predicted length and go on get the predictor's new estimate (otherwise
         the projection has them end at the next step and admits into memory they will still grow into). The time
         counts as the predictor's."""
         t0 = time.perf_counter()
-        for s in self.running:
-            if s.generated >= s.predicted_len:
+        due = self._outgrowing
+        while due and due[0][0] <= self._decoded:
+            s = heapq.heappop(due)[2]  # (an entry of a preempted or re-predicted sample may be stale: checked)
+            if s.state is SampleState.RUNNING and s.generated >= s.predicted_len:
                 s.predicted_len = max(s.generated + 1.0, min(float(self.max_len),
                                                              self.predictor.predict_outgrown(self.groups[s.group], s)))
+                self._watch(s)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
+
+    def _watch(self, s: Sample) -> None:
+        """Running ``s`` will reach its predicted length at a known step (it gains a token per decode step): note
+        it, so that ``_predict_outgrown`` looks at it then (each time its prediction changes)."""
+        if self._repredict_outgrown:
+            due = self._decoded + max(0, math.ceil(s.predicted_len - s.generated))
+            heapq.heappush(self._outgrowing, (due, next(self._tiebreak), s))
 
     def _predicted_len(self, s: Sample) -> float:
         return float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
@@ -172,6 +195,8 @@ class Scheduler:
             if new != s.predicted_len:
                 s.predicted_len = new
                 changed.append(s)
+                if s.state is SampleState.RUNNING:
+                    self._watch(s)
         if changed:  # (the policy keeps what it had for the others)
             self.policy.predictions_changed([s for s in changed if s.state is SampleState.WAITING])
 
@@ -272,6 +297,7 @@ class Scheduler:
             s.predicted_len = self._predicted_len(s)
             self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
         s.state, s.admitted_at = SampleState.RUNNING, self.stats.decode_steps
+        self._watch(s)
         self._group_running[s.group] += 1
         self.running.append(s)
         if self._arrays is not None:
@@ -300,6 +326,7 @@ class Scheduler:
     def step_done(self, finished: list[Sample], steps: int = 1) -> None:
         """``steps`` decode steps ran (each gave every running sample one token); ``finished`` ended on the last."""
         self.stats.decode_steps += steps
+        self._decoded += steps
         for s in self.running:
             s.generated += steps
         self.kv_tokens += steps * len(self.running)

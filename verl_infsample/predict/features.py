@@ -3,7 +3,7 @@
 When a running sample reaches one of the predictor's checkpoints (k generated tokens) the engine reports a
 ``TokenWindow``: its token ids and their log-probs (which it keeps anyway), the entropy of the distribution the last
 token was drawn from and that distribution's mass on the stop tokens. Nothing is computed on the other steps.
-Engines without logits (a trace of token ids) pass None / NaN there. ``feature_vector`` builds the regressor's input
+Engines without logits (a trace of token ids) pass None / NaN there. ``feature_rows`` builds the regressor's inputs
 from the prompt, the sample's tokens so far, its group's finished siblings and the prompt's history, and what earlier
 samples that began with the same tokens went on to generate (the predictor keeps those means: ``prefix_log_len``).
 """
@@ -57,67 +57,79 @@ class GroupContext:
     finished: int = 0
     finished_log_len_sum: float = 0.0
     history_log_len: float | None = None  # mean log length of this prompt in earlier rollouts
-    waiting: tuple | None = None  # (finished count, features, prediction) shared by its samples not yet started
-    blank: tuple | None = None  # (finished count, features with no token yet): every sample's k = 0 snapshot
+    siblings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # ``sibling_features`` as of ``finished``
+    waiting: tuple | None = None  # (finished count, siblings, prediction) shared by its samples not yet started
+    base: np.ndarray | None = None  # ``group_features``: built once per batch
+
+    def sibling_finished(self, log_length: float) -> None:
+        """A sample of the group finished with exp(``log_length``) tokens: the sibling features move."""
+        self.finished += 1
+        self.finished_log_len_sum += log_length
+        self.siblings = (1.0, self.finished_log_len_sum / self.finished / 5.0, self.finished / self.size)
 
 
 # layout of the feature vector
 _TOKEN_SCALARS = 6
-_SIBLINGS = 1 + 1 + PROMPT_BUCKETS + 1 + 2  # where the 3 sibling features start
-DIM = _SIBLINGS + 3 + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
+SIBLINGS = 1 + 1 + PROMPT_BUCKETS + 1 + 2  # where the 3 sibling features start
+_TOKENS = SIBLINGS + 3
+DIM = _TOKENS + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
 
 
-def feature_vector(ctx: GroupContext, window: TokenWindow | None, prefix_log_len: float | None = None) -> np.ndarray:
-    """The regressor's input (``DIM`` numbers); token features are zero before the first token. ``prefix_log_len``:
-    mean log remaining length of earlier samples that began with the same tokens, at the same checkpoint (a
-    hashed bag of tokens mixes ids in its buckets; this keeps the opening's own track record, e.g. "Let me think
-    step by step" vs a one-word answer)."""
+def feature_rows(contexts: Sequence[GroupContext], blocks: Sequence[list[float]]) -> np.ndarray:
+    """The regressor's inputs [n, DIM] of samples that reached a checkpoint together (one array build for a step's
+    reports): ``contexts[i]``'s group features with ``blocks[i]`` (``token_features``) as the token part. The 3
+    sibling features are left 0: they change while a sample waits (its siblings finish), so they travel beside it
+    (``GroupContext.siblings``), a prediction adds their term to ``w . x`` (a refresh costs 3 products, not a new
+    vector) and ``with_siblings`` fills them into the rows the regressors learn from."""
+    x = np.array([group_features(ctx) for ctx in contexts])
+    x[:, _TOKENS:] = blocks
+    return x
+
+
+def group_features(ctx: GroupContext) -> np.ndarray:
+    """The features every sample of the group shares (bias, prompt length and tokens, the prompt's history; no
+    sibling or token features), built once per batch and shared: never write to it."""
+    if ctx.base is None:
+        ctx.base = _group_features(ctx)
+    return ctx.base
+
+
+def token_features(window: TokenWindow | None, prefix_log_len: float | None) -> list[float]:
+    """The sample's own part of the features (the last ``DIM - SIBLINGS - 3`` numbers) as a plain list: its tokens
+    so far (0 before the first) and ``prefix_log_len``, the mean log remaining length of earlier samples that began
+    with the same tokens, at the same checkpoint (a hashed bag of tokens mixes ids in its buckets; this keeps the
+    opening's own track record, e.g. "Let me think step by step" vs a one-word answer)."""
+    block = [0.0] * (DIM - _TOKENS)
+    if window is not None and window.token_ids:
+        n = len(window.token_ids)
+        lp = window.logprobs
+        block[0] = math.log1p(n) / 5.0
+        if lp is not None:
+            block[1], block[2] = sum(lp) / n, min(lp)
+        if window.entropy == window.entropy:  # not NaN: the engine has logits
+            block[3], block[4], block[5] = 1.0, window.entropy, max(EOS_FLOOR, window.stop_logprob) / 10.0
+        for t in window.token_ids:
+            block[_TOKEN_SCALARS + _bucket(t, TOKEN_BUCKETS)] += 1.0 / n
+    if prefix_log_len is not None:
+        block[-2], block[-1] = 1.0, prefix_log_len / 5.0
+    return block
+
+
+def _group_features(ctx: GroupContext) -> np.ndarray:
+    """The features every sample of the group shares: bias, prompt length and tokens, the prompt's history."""
     x = np.zeros(DIM)
     x[0] = 1.0
     x[1] = math.log1p(ctx.prompt_len) / 5.0
-    i = 2
     if ctx.prompt is not None:
-        x[i:i + PROMPT_BUCKETS] = ctx.prompt
-    i += PROMPT_BUCKETS
-    x[i] = ctx.prompt is not None
-    i += 1
+        x[2:2 + PROMPT_BUCKETS] = ctx.prompt
+        x[2 + PROMPT_BUCKETS] = 1.0
     if ctx.history_log_len is not None:
-        x[i], x[i + 1] = 1.0, ctx.history_log_len / 5.0
-    _set_siblings(x, ctx)
-    i = _SIBLINGS + 3
-    if window is not None and window.token_ids:
-        n = len(window.token_ids)
-        x[i] = math.log1p(n) / 5.0
-        if window.logprobs is not None:
-            x[i + 1] = sum(window.logprobs) / n
-            x[i + 2] = min(window.logprobs)
-        if window.entropy == window.entropy:  # not NaN: the engine has logits
-            x[i + 3] = 1.0
-            x[i + 4] = window.entropy
-            x[i + 5] = max(EOS_FLOOR, window.stop_logprob) / 10.0
-        i += _TOKEN_SCALARS
-        for t in window.token_ids:
-            x[i + _bucket(t, TOKEN_BUCKETS)] += 1.0 / n
-    i = DIM - 2
-    if prefix_log_len is not None:
-        x[i], x[i + 1] = 1.0, prefix_log_len / 5.0
+        x[SIBLINGS - 2], x[SIBLINGS - 1] = 1.0, ctx.history_log_len / 5.0
     return x
 
 
-def with_siblings(x: np.ndarray, ctx: GroupContext) -> np.ndarray:
-    """A copy of ``feature_vector``'s output with the sibling features as of ``ctx`` now: a sample that has not
-    started keeps its first-token features while its siblings finish, and this refreshes them without rebuilding
-    the rest."""
-    x = x.copy()
-    _set_siblings(x, ctx)
-    return x
-
-
-def _set_siblings(x: np.ndarray, ctx: GroupContext) -> None:
-    i = _SIBLINGS
-    if ctx.finished:
-        x[i] = 1.0
-        x[i + 1] = ctx.finished_log_len_sum / ctx.finished / 5.0
-        x[i + 2] = ctx.finished / ctx.size
-    else:
-        x[i:i + 3] = 0.0
+def with_siblings(rows: np.ndarray, siblings: np.ndarray) -> np.ndarray:
+    """``feature_rows`` rows [n, DIM] with their sibling features ([n, 3]) filled in, in place: the rows the
+    regressors learn from."""
+    rows[:, SIBLINGS:SIBLINGS + 3] = siblings
+    return rows

@@ -9,7 +9,7 @@ refinement. The k = 1 prediction usually comes before the plan: an engine with a
 its group's prompt logits, so the plan sees how each sample opens and can start the long ones first; a waiting
 sample's first-token features follow its finished siblings.
 
-Each checkpoint has its own ridge regressor on log(remaining tokens), over ``features.feature_vector``: the prompt
+Each checkpoint has its own ridge regressor on log(remaining tokens), over ``features.feature_rows``: the prompt
 (length, hashed token n-grams), the prompt's earlier rollouts, the group's finished siblings and the sample's own
 tokens so far (token n-grams, log-probs, the entropy and stop probability of the distribution it draws from, and the
 opening's track record: the mean log remaining length, at this checkpoint, of earlier samples that began with the
@@ -29,8 +29,9 @@ Until a checkpoint has seen ``min_samples`` samples its predictions come from th
 Spec: ``learned[:k=K][,forget=F][,min=N][,q=Q][,state=PATH]``, e.g. ``learned:k=8``, ``learned:q=0.8`` (predict the
 80% quantile: reserves more KV under a KV budget) or ``learned:state=/ckpt/len.npz``.
 
-The ridge systems are solved by warm-started conjugate gradients (matrix-vector products only): LAPACK's solve
-spins up BLAS threads, which on a loaded machine cost milliseconds for a 100 x 100 system.
+The ridge systems (``DIM`` = 64 unknowns) are solved directly, in about 40 us. OpenBLAS solves a system of fewer
+than 10,000 entries on one thread; at 100 x 100 it spins up its thread pool, which on a loaded machine cost
+milliseconds a solve (why they were once solved by conjugate gradients, at ~200 us and to only ~1e-5).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import numpy as np
 
 from ..core.predictor import HistoryPredictor
 from ..core.sample import Group, Sample
-from .features import DIM, GroupContext, TokenWindow, feature_vector, prompt_vector, with_siblings
+from .features import (DIM, SIBLINGS, GroupContext, TokenWindow, feature_rows, group_features,
+                       prompt_vector, token_features, with_siblings)
 
 STATE_VERSION = 3  # 3: checkpoint k = 1 (first-token lookahead)
 DRIFT_MIN = 8  # samples a checkpoint needs in a batch before its mean residual becomes the next batch's drift
@@ -71,10 +73,14 @@ class _LiveSample:
     """A started sample of the current batch: the feature snapshots it left at checkpoints."""
 
     generated: int = 0  # tokens at its latest checkpoint
-    snapshots: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (checkpoint index, features)
+    # (checkpoint index, features (``feature_rows``), sibling features when it was taken)
+    snapshots: list[tuple[int, np.ndarray, tuple]] = field(default_factory=list)
     opening: tuple[int, ...] = ()  # its first tokens (``PREFIX_TOKENS[0]`` of them, fewer before)
     cached: float | None = None  # prediction at its latest checkpoint (None: recompute)
     siblings: int = 0  # its group's finished samples when the snapshots were taken
+    # (features, regressor version, w . features) of its latest snapshot: while only its siblings change, a new
+    # prediction is their term added to it
+    wx: tuple | None = None
 
 
 class LearnedPredictor:
@@ -110,14 +116,15 @@ class LearnedPredictor:
         self._A = np.zeros((c, DIM, DIM))
         self._b = np.zeros((c, DIM))
         self._yy = np.zeros((c, 2))  # decayed sum of y^2 and decayed count: the residuals' spread
-        self._sigma = np.zeros(c)  # std of log remaining length around each regressor (at its last solve)
-        self._rows: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(c)]
+        self._rows: list[list[tuple[np.ndarray, tuple, float]]] = [[] for _ in range(c)]  # (x, siblings, y)
         self._seen = np.zeros(c, dtype=np.int64)  # samples each checkpoint has learned from (no decay)
-        self._w = np.zeros((c, DIM))
         self._drift = np.zeros(c)  # the last batch's mean residual (log tokens), added to predictions: see start_batch
         self._batch_x = np.zeros((c, DIM))  # this batch's samples, per checkpoint: sum of features,
         self._batch_y = np.zeros((c, 2))  # (sum of log remaining lengths, count)
-        self._solved = np.zeros(c, dtype=bool)
+        self._reset_solutions()
+        self._log_max = math.log(max_len)
+        self._eye = np.eye(DIM)
+        self._checkpoint_index = {k: ci for ci, k in enumerate(self.checkpoints)}
         self.history = HistoryPredictor(max_len)
         self._history_log: dict[str, list[float]] = {}  # prompt id -> [sum of log length, count]
         # per checkpoint: opening (first tokens) -> [decayed sum of log remaining length, decayed count]
@@ -152,26 +159,20 @@ class LearnedPredictor:
         live = self._live.get((group.prompt_id, sample.index)) if sample is not None else None
         if live is None or not live.snapshots:  # not started: the group's shared prediction
             if ctx.waiting is None or ctx.waiting[0] != ctx.finished:
-                x = self._blank(ctx)
-                ctx.waiting = (ctx.finished, x, self._final(group, sample, 0, x, 0))
+                ctx.waiting = (ctx.finished, ctx.siblings,
+                               self._final(group, sample, 0, group_features(ctx), ctx.siblings, 0))
             return ctx.waiting[2]
         if sample.generated == 0 and live.siblings != ctx.finished:  # not started: its siblings as of now
-            live.snapshots = [(ci, with_siblings(x, ctx)) for ci, x in live.snapshots]
+            live.snapshots = [(ci, x, ctx.siblings) for ci, x, _ in live.snapshots]
             live.siblings, live.cached = ctx.finished, None
         if live.cached is None:
-            ci, x = live.snapshots[-1]
-            live.cached = self._final(group, sample, ci, x, live.generated)
+            ci, x, siblings = live.snapshots[-1]
+            live.cached = self._final(group, sample, ci, x, siblings, live.generated, live)
         return live.cached
 
-    def _blank(self, ctx: GroupContext) -> np.ndarray:
-        """The features of a sample with no token yet, siblings as of now: one vector per group and sibling count
-        (every sample's k = 0 snapshot; the waiting samples' shared prediction)."""
-        if ctx.blank is None or ctx.blank[0] != ctx.finished:
-            ctx.blank = (ctx.finished, feature_vector(ctx, None))
-        return ctx.blank[1]
-
-    def _final(self, group: Group, sample: Sample | None, ci: int, x: np.ndarray, generated: int) -> float:
-        final = self._regress(ci, x)
+    def _final(self, group: Group, sample: Sample | None, ci: int, x: np.ndarray, siblings: tuple, generated: int,
+               live: _LiveSample | None = None) -> float:
+        final = self._regress(ci, x, siblings, live)
         if final is None:  # this checkpoint has not seen enough samples yet
             final = self.history.predict(group, sample)
         return float(min(self.max_len, max(generated + 1.0, final)))
@@ -179,21 +180,47 @@ class LearnedPredictor:
     def observe_tokens(self, group: Group, sample: Sample, window: TokenWindow) -> bool:
         """A running sample reached a checkpoint (``len(window.token_ids)`` tokens): snapshot its features and
         re-predict. True when its prediction changed (always, at a checkpoint)."""
-        key = (group.prompt_id, sample.index)
-        live = self._live.get(key)
-        if live is None:
-            live = self._live[key] = _LiveSample()
-        ctx = self._context(group)
-        if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
-            live.snapshots.append((0, self._blank(ctx)))
-        n = len(window.token_ids)
-        if n not in self.token_checkpoints or n <= live.generated:
-            return False
-        live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
-        ci = self.checkpoints.index(n)
-        live.snapshots.append((ci, feature_vector(ctx, window, self._opening_mean(ci, live.opening))))
-        live.generated, live.cached, live.siblings = n, None, ctx.finished
-        return True
+        return self.observe_tokens_many([(group, sample, window)])[0]
+
+    def observe_tokens_many(self, reports: Sequence[tuple[Group, Sample, TokenWindow]]) -> list[bool]:
+        """``observe_tokens`` for a step's reports at once: their feature vectors are built as one array and each
+        checkpoint's regressor takes them in one product (kept for the predictions that read them)."""
+        changed, fresh, contexts, blocks = [], [], [], []
+        for group, sample, window in reports:
+            key = (group.prompt_id, sample.index)
+            live = self._live.get(key)
+            if live is None:
+                live = self._live[key] = _LiveSample()
+            ctx = self._context(group)
+            if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
+                live.snapshots.append((0, group_features(ctx), ctx.siblings))
+            n = len(window.token_ids)
+            if n not in self.token_checkpoints or n <= live.generated:
+                changed.append(False)
+                continue
+            live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
+            ci = self._checkpoint_index[n]
+            fresh.append((live, ci, ctx.siblings))
+            contexts.append(ctx)
+            blocks.append(token_features(window, self._opening_mean(ci, live.opening)))
+            live.generated, live.cached, live.siblings = n, None, ctx.finished
+            changed.append(True)
+        if fresh:
+            rows = feature_rows(contexts, blocks)
+            wx = {ci: self._dot_if_current(ci, rows) for ci in {ci for _, ci, _ in fresh}}
+            for i, (live, ci, siblings) in enumerate(fresh):
+                x = rows[i]
+                live.snapshots.append((ci, x, siblings))
+                if wx[ci] is not None:
+                    live.wx = (x, self._version[ci], float(wx[ci][i]))
+        return changed
+
+    def _dot_if_current(self, ci: int, rows: np.ndarray) -> np.ndarray | None:
+        """``rows @ w`` of checkpoint ``ci`` where its regressor is the one the next prediction will use (trained,
+        solved and not due for a refit), else None: the prediction, when read, solves first (as it would)."""
+        if not self._ready[ci] or not self._solved[ci] or len(self._rows[ci]) >= self.refit_every:
+            return None
+        return rows @ self._w[ci]
 
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """Past its prediction a sample is predicted as ``history`` does (earlier lengths beyond what it has)."""
@@ -209,25 +236,26 @@ class LearnedPredictor:
         live = self._live.pop((group.prompt_id, sample.index), None) if sample is not None else None
         if live is not None and live.snapshots:
             snapshots = live.snapshots
-        elif ctx.waiting is not None:  # no tokens seen (a simulator): the features it was predicted from
-            snapshots = [(0, ctx.waiting[1])]
-        else:
-            snapshots = [(0, self._blank(ctx))]
+        else:  # no tokens seen (a simulator): the features it was predicted from
+            snapshots = [(0, group_features(ctx), ctx.waiting[1] if ctx.waiting is not None else ctx.siblings)]
         opening = live.opening if live is not None else ()
-        for ci, x in snapshots:
+        log_length = math.log(length)
+        for ci, x, siblings in snapshots:
             remaining = length - self.checkpoints[ci]
             if remaining >= 1:
-                self._learn(ci, x, math.log(remaining))
+                y = math.log(remaining) if ci else log_length
+                self._learn(ci, x, siblings, y)
                 if ci and opening:
-                    self._learn_opening(ci, opening, math.log(remaining))
-        ctx.finished += 1
-        ctx.finished_log_len_sum += math.log(length)
+                    self._learn_opening(ci, opening, y)
+        ctx.sibling_finished(log_length)
         self.observed += 1
 
     # --- the regressors ------------------------------------------------------------------------------------------
-    def _learn(self, ci: int, x: np.ndarray, y: float) -> None:
-        self._rows[ci].append((x, y))
+    def _learn(self, ci: int, x: np.ndarray, siblings: tuple, y: float) -> None:
+        self._rows[ci].append((x, siblings, y))
         self._seen[ci] += 1
+        if not self._ready[ci] and self._seen[ci] >= self.min_samples:
+            self._ready[ci] = True
 
     def _fold(self, ci: int) -> None:
         """Fold the waiting rows into the decayed sums: each observation decays the ones before it by ``forget``,
@@ -235,13 +263,16 @@ class LearnedPredictor:
         rows, self._rows[ci] = self._rows[ci], []
         if not rows:
             return
-        X = np.array([x for x, _ in rows])
-        y = np.array([v for _, v in rows])
+        X = with_siblings(np.array([x for x, _, _ in rows]), np.array([s for _, s, _ in rows]))
+        y = np.array([v for _, _, v in rows])
         weights = self.forget ** np.arange(len(rows) - 1, -1, -1, dtype=float)
         decay = self.forget ** len(rows)
         Xw = X * weights[:, None]
-        self._A[ci] = decay * self._A[ci] + Xw.T @ X
-        self._b[ci] = decay * self._b[ci] + Xw.T @ y
+        A, b = self._A[ci], self._b[ci]
+        A *= decay
+        A += Xw.T @ X
+        b *= decay
+        b += Xw.T @ y
         self._yy[ci] = decay * self._yy[ci] + (float(weights @ (y * y)), float(weights.sum()))
         self._batch_x[ci] += X.sum(axis=0)
         self._batch_y[ci] += (float(y.sum()), float(len(rows)))
@@ -258,6 +289,7 @@ class LearnedPredictor:
             if self._seen[ci] >= self.min_samples:
                 self._solve(int(ci))
                 self._drift[ci] = (self._batch_y[ci, 0] - float(self._w[ci] @ self._batch_x[ci])) / self._batch_y[ci, 1]
+                self._offset[ci] = float(self._drift[ci] + self._z * self._sigma[ci])
         self._batch_x[:] = 0.0
         self._batch_y[:] = 0.0
 
@@ -282,37 +314,48 @@ class LearnedPredictor:
         while len(table) > PREFIX_KEYS:
             del table[next(iter(table))]
 
-    def _regress(self, ci: int, x: np.ndarray) -> float | None:
-        """Predicted final length from checkpoint ``ci``'s regressor, or None while it is untrained."""
-        if self._seen[ci] < self.min_samples:
+    def _regress(self, ci: int, x: np.ndarray, siblings: tuple, live: _LiveSample | None = None) -> float | None:
+        """Predicted final length from checkpoint ``ci``'s regressor at features ``x`` with ``siblings``, or None
+        while it is untrained. ``live``: the sample whose latest snapshot ``x`` is (keeps w . x while only its
+        siblings change)."""
+        if not self._ready[ci]:
             return None
         if len(self._rows[ci]) >= self.refit_every or not self._solved[ci]:
             self._solve(ci)
-        y = float(self._w[ci] @ x) + self._drift[ci] + self._z * self._sigma[ci]
-        y = min(max(y, 0.0), math.log(self.max_len))
-        return self.checkpoints[ci] + math.exp(y)
+        if live is not None and live.wx is not None and live.wx[0] is x and live.wx[1] == self._version[ci]:
+            wx = live.wx[2]
+        else:
+            wx = float(self._w[ci] @ x)
+            if live is not None:
+                live.wx = (x, self._version[ci], wx)
+        a, b, c = self._w_siblings[ci]
+        y = wx + (a * siblings[0] + b * siblings[1] + c * siblings[2]) + self._offset[ci]
+        return self.checkpoints[ci] + math.exp(min(max(y, 0.0), self._log_max))
 
-    def _solve(self, ci: int, iterations: int = 3 * DIM, tol: float = 1e-14) -> None:
-        """w = (A + ridge I)^-1 b by conjugate gradients from the previous w (few steps: A moved a little)."""
+    def _solve(self, ci: int) -> None:
+        """w = (A + ridge I)^-1 b, directly (see the module's last paragraph)."""
         self._fold(ci)
         A, b, ridge = self._A[ci], self._b[ci], self.ridge if ci else self.prompt_ridge
-        w = self._w[ci].copy()
-        r = b - (A @ w + ridge * w)
-        p, rr = r.copy(), float(r @ r)
-        stop = tol * max(1.0, float(b @ b))
-        for _ in range(iterations):
-            if rr <= stop:
-                break
-            Ap = A @ p + ridge * p
-            alpha = rr / float(p @ Ap)
-            w += alpha * p
-            r -= alpha * Ap
-            rr, rr_old = float(r @ r), rr
-            p = r + (rr / rr_old) * p
+        w = np.linalg.solve(A + ridge * self._eye, b)
         self._w[ci], self._solved[ci] = w, True
+        self._w_siblings[ci] = tuple(w[SIBLINGS:SIBLINGS + 3].tolist())
+        self._version[ci] += 1
         yy, n = self._yy[ci]
         if n > 0:  # mean squared residual: (sum y^2 - 2 w.X^T y + w.X^T X w) / n
             self._sigma[ci] = math.sqrt(max(0.0, (yy - 2 * float(w @ b) + float(w @ (A @ w))) / n))
+        self._offset[ci] = float(self._drift[ci] + self._z * self._sigma[ci])
+
+    def _reset_solutions(self) -> None:
+        """No regressor solved yet (a new or loaded state): each is solved when first read. The scalars a prediction
+        reads are kept as plain floats (a prediction is a few of them and one dot product)."""
+        c = len(self.checkpoints)
+        self._sigma = np.zeros(c)  # std of log remaining length around each regressor (at its last solve)
+        self._w = np.zeros((c, DIM))
+        self._solved = [False] * c
+        self._ready = [bool(n >= self.min_samples) for n in self._seen]  # left the ``history`` fallback
+        self._w_siblings = [(0.0, 0.0, 0.0)] * c  # the sibling features' weights
+        self._offset = [float(d) for d in self._drift]  # drift + z * sigma: added to every prediction
+        self._version = getattr(self, "_version", [0] * c)  # bumped by each solve: a cached w . x is stale
 
     def refit(self) -> None:
         """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
@@ -369,11 +412,9 @@ class LearnedPredictor:
             raise ValueError(f"predictor state {path}: learned at checkpoints {meta['checkpoints']}, this predictor "
                              f"uses {list(self.checkpoints)} (k={self.k}); use the same k or delete the file")
         self._A, self._b, self._seen, self._yy = A.copy(), b.copy(), seen.copy(), yy.copy()
-        self._sigma = np.zeros(len(self.checkpoints))
         self._drift, self._batch_x, self._batch_y = drift.copy(), batch_x.copy(), batch_y.copy()
         self._rows = [[] for _ in self.checkpoints]
-        self._w = np.zeros_like(self._b)
-        self._solved = np.zeros(len(self.checkpoints), dtype=bool)
+        self._reset_solutions()
         self.observed = self._saved_at = int(meta["observed"])
         self._history_log = {k: list(v) for k, v in meta["history_log"].items()}
         self._openings = [{tuple(key): list(stat) for key, stat in table} for table in meta["openings"]]
