@@ -137,62 +137,68 @@ def test_sibling_lengths_move_waiting_predictions():
 
 
 def _regression_by_hand(p: LearnedPredictor, ci: int, row: np.ndarray, generated: int) -> float:
-    """What checkpoint ``ci``'s regressor says for the full feature row ``row`` (siblings filled in): the model's
-    formula, written out."""
+    """What checkpoint ``ci``'s regressor says for the full feature row ``row``: the model's formula, written out."""
     y = float(p._w[ci] @ row) + p._drift[ci] + p._z * p._sigma[ci]
     return min(200.0, max(generated + 1.0, p.checkpoints[ci] + math.exp(min(max(y, 0.0), math.log(200)))))
 
 
-def test_reports_at_once_and_sibling_refreshes_predict_the_full_feature_rows():
-    """A step's reports go to the predictor at once (one array of features, one product per checkpoint) and a
-    waiting sample's prediction follows its finished siblings by their term alone: both predict exactly what the
-    regressor says for the sample's full feature row, and the rows it learns from carry the siblings of their
+def test_predictions_are_the_regression_on_the_full_feature_rows():
+    """A prediction adds w's products with the group's features, the sibling features and the sample's own apart
+    (no array per prediction; a waiting sample's refresh when a sibling finishes moves the sibling term only): it
+    is exactly what the regressor says for the whole row, and the rows it learns from carry the siblings of their
     time."""
-    from verl_infsample.predict.features import SIBLINGS, with_siblings
+    from verl_infsample.predict.features import SIBLINGS, TOKENS, feature_rows
 
     trace = _token_trace(8, 16, 0)
-    p, one_by_one = (make_predictor("learned:k=8,min=8", max_len=200) for _ in range(2))
-    for pred in (p, one_by_one):  # (under a KV budget, where waiting samples' features follow their siblings)
-        for seed in range(3):
-            simulate(_token_trace(8, 16, seed + 1), "infinite", KVBudget(1200), pred, max_len=200)
-        pred.refit()
+    p = make_predictor("learned:k=8,min=8", max_len=200)
+    for seed in range(3):  # (under a KV budget, where waiting samples' features follow their siblings)
+        simulate(_token_trace(8, 16, seed + 1), "infinite", KVBudget(1200), p, max_len=200)
+    p.refit()
     assert min(abs(w) for w in p._w_siblings[1]) > 1e-3  # it learned what siblings say at one token
     groups = [Group(t.prompt_id, t.prompt_len, 16) for t in trace[:2]]
-    for pred in (p, one_by_one):
-        pred.start_batch(groups)
+    for t in trace[:2]:
+        p.observe_prompt(t.prompt_id, t.prompt_tokens)
+    p.start_batch(groups)
     samples = [Sample(uid=g * 16 + i, group=g, index=i, prompt_len=10) for g in range(2) for i in range(16)]
-    windows = [TokenWindow(trace[s.group].tokens[s.index][:1]) for s in samples]
-    assert p.observe_tokens_many([(groups[s.group], s, w) for s, w in zip(samples, windows)]) == [True] * 32
-    assert [one_by_one.observe_tokens(groups[s.group], s, w) for s, w in zip(samples, windows)] == [True] * 32
+    for s in samples:  # the first-token lookahead
+        assert p.observe_tokens(groups[s.group], s, TokenWindow(trace[s.group].tokens[s.index][:1]))
     first = [p.predict(groups[s.group], s) for s in samples]
-    assert first == pytest.approx([one_by_one.predict(groups[s.group], s) for s in samples], rel=1e-12)
     assert len(set(np.round(first, 6))) > 2  # (the first tokens tell the samples apart)
+
+    def full_row(s):
+        ctx = p._context(groups[s.group])
+        ci, own, siblings = p._live[(groups[s.group].prompt_id, s.index)].snapshots[-1]
+        return ci, feature_rows([ctx], [siblings], [own])[0]
+
+    for s in samples:
+        ci, row = full_row(s)
+        assert row[SIBLINGS:TOKENS].tolist() == [0.0] * 3 and row[TOKENS] > 0  # no sibling yet, one token
+        assert first[s.uid] == pytest.approx(_regression_by_hand(p, ci, row, 0), rel=1e-12)
 
     # three samples of group 0 finish: the others, still waiting, are re-predicted with the new sibling features
     for s in samples[:3]:
         p.observe(groups[0], s, 40 + s.index)
-    ctx = p._context(groups[0])
-    assert ctx.siblings == (1.0, sum(math.log(40 + i) for i in range(3)) / 3 / 5.0, 3 / 16)
+    three = (1.0, sum(math.log(40 + i) for i in range(3)) / 3 / 5.0, 3 / 16)
+    assert p._context(groups[0]).siblings == pytest.approx(three)
     for s in samples[3:16]:
-        ci, x, _ = p._live[(groups[0].prompt_id, s.index)].snapshots[-1]
-        full = x.copy()
-        full[SIBLINGS:SIBLINGS + 3] = ctx.siblings
-        assert p.predict(groups[0], s) == pytest.approx(_regression_by_hand(p, ci, full, 0), rel=1e-12)
+        prediction = p.predict(groups[0], s)
+        ci, row = full_row(s)
+        assert row[SIBLINGS:TOKENS].tolist() == pytest.approx(three)
+        assert prediction == pytest.approx(_regression_by_hand(p, ci, row, 0), rel=1e-12)
     assert p.predict(groups[0], samples[5]) != pytest.approx(first[5], rel=1e-6)  # (the siblings moved it)
     assert p.predict(groups[1], samples[20]) == first[20]  # another group's siblings did not
 
-    # a waiting sample's snapshots follow its siblings until it starts; the rows learned carry those siblings
+    # a sample that starts keeps the siblings of its start; the rows learned carry the siblings of their time
     s = samples[7]
-    s.generated = 4  # it started: its next report is at 4 tokens
-    three = ctx.siblings
-    p.observe_tokens_many([(groups[0], s, TokenWindow(trace[0].tokens[7][:4]))])
+    s.generated = 4
+    p.observe_tokens(groups[0], s, TokenWindow(trace[0].tokens[7][:4]))
     p.observe(groups[0], s, 50)
-    assert ctx.siblings[2] == 4 / 16
-    assert [r[1] for r in p._rows[1]] == [(0.0, 0.0, 0.0)] * 3 + [three]  # 0-2 finished before any sibling
-    (x4, siblings4, y4), = p._rows[2]
-    assert siblings4 == three and x4[SIBLINGS:SIBLINGS + 3].tolist() == [0.0] * 3
-    assert y4 == pytest.approx(math.log(50 - 4))
-    assert with_siblings(np.array([x4]), np.array([siblings4]))[0, SIBLINGS:SIBLINGS + 3].tolist() == list(three)
+    assert p._context(groups[0]).siblings[2] == 4 / 16
+    assert [r[2] for r in p._rows[1]] == [(0.0, 0.0, 0.0)] * 3 + [pytest.approx(three)]  # 0-2 had no sibling
+    (ctx4, own4, siblings4, y4), = p._rows[2]
+    assert siblings4 == pytest.approx(three) and y4 == pytest.approx(math.log(50 - 4))
+    p._fold(2)  # the row learned: the group's features, those siblings, its own 4 tokens
+    assert p._batch_x[2, SIBLINGS:TOKENS].tolist() == pytest.approx(list(three))
 
 
 def test_the_ridge_systems_stay_single_threaded_in_openblas():
@@ -367,9 +373,8 @@ def test_engine_reports_tokens_at_checkpoints(tiny_engine, tiny_rollouts):
     for rollout in rollouts[:3]:
         simulate(rollout, "infinite", SlotPool(8), learned, max_len=64)
     seen = []
-    original = learned.observe_tokens_many  # (the scheduler hands a step's reports over at once)
-    learned.observe_tokens_many = lambda reports: seen.extend(len(w.token_ids) for _, _, w in reports) or original(
-        reports)
+    original = learned.observe_tokens
+    learned.observe_tokens = lambda g, s, w: seen.append(len(w.token_ids)) or original(g, s, w)
     texts = [p.prompt_id for p in rollouts[0]]
     params = SamplingParams(max_new_tokens=64, stop_token_ids=(eos,), seed=0, logit_bias=((eos, 0.0),))
     res = tiny_engine.rollout(ids, 16, params, policy="infinite", capacity=SlotPool(8), predictor=learned,

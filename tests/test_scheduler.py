@@ -266,28 +266,31 @@ def test_outgrown_predictions_avoid_preemptions_under_a_kv_budget(monkeypatch):
 
 
 @pytest.mark.parametrize("predictor", ["history", "learned:k=8,min=8"])
-def test_every_outgrown_sample_is_repredicted_before_admission(monkeypatch, predictor):
+def test_every_outgrown_sample_is_repredicted_before_admission(predictor):
     """The scheduler does not scan the running set each step for samples past their prediction: it notes when each
-    will reach it (on admission and at each new prediction). Before every admission none is left past it, however
-    predictions moved meanwhile (token reports, preemptions and readmissions)."""
-    from verl_infsample.core import Scheduler
+    will reach it (on admission and at each new prediction). Whenever the budget projects the running set to admit
+    a sample, none that ran a step is left past it, however predictions moved meanwhile (token reports,
+    preemptions and readmissions)."""
 
-    original, checks = Scheduler._predict_outgrown, []
+    class CheckingKVBudget(KVBudget):
+        """The real budget, asserting on what it reads before each admission."""
 
-    def checked(self):
-        original(self)
-        checks.append(len(self.running))
-        assert all(s.generated < s.predicted_len for s in self.running)
+        checks: list[int] = []
 
-    monkeypatch.setattr(Scheduler, "_predict_outgrown", checked)
+        def admits(self, sample, ledger) -> bool:  # (samples admitted this round are re-predicted at the next)
+            assert all(s.generated < s.predicted_len for s in ledger.running
+                       if s.admitted_at < ledger.stats.decode_steps)
+            CheckingKVBudget.checks.append(len(ledger.running))
+            return super().admits(sample, ledger)
+
     rng = np.random.default_rng(0)
     trace = [TracePrompt(f"p{g}", 16, tuple(int(n) for n in np.minimum(128, rng.geometric(3 / 128, 24))),
                          tokens=tuple(tuple(int(t) for t in rng.integers(0, 50, 128)) for _ in range(24)))
              for g in range(4)]
     pred = make_predictor(predictor, max_len=128)
     simulate(trace, "infinite", KVBudget(900), pred, max_len=128)  # an earlier epoch: predictions to outgrow
-    result = simulate(trace, "infinite", KVBudget(900), pred, max_len=128)
-    assert result.preemptions > 0 and len(checks) > 50 and max(checks) > 4
+    result = simulate(trace, "infinite", CheckingKVBudget(900), pred, max_len=128)
+    assert result.preemptions > 0 and len(CheckingKVBudget.checks) > 50 and max(CheckingKVBudget.checks) > 4
 
 
 def test_noisy_predictions_do_not_depend_on_the_policy():

@@ -137,9 +137,8 @@ def test_the_learned_predictor_reads_vllms_tokens_at_its_checkpoints(engine, pro
 
     learned = make_predictor("learned:k=8,min=4", max_len=MAX_NEW)
     seen = []
-    original = learned.observe_tokens_many  # (the scheduler hands a step's reports over at once)
-    learned.observe_tokens_many = lambda reports: seen.extend((g.prompt_id, s.index, w) for g, s, w in reports) or (
-        original(reports))
+    original = learned.observe_tokens
+    learned.observe_tokens = lambda g, s, w: seen.append((g.prompt_id, s.index, w)) or original(g, s, w)
     r = engine.rollout(prompts[0], G, _params(prompts), policy="infinite", capacity=SlotPool(4), predictor=learned)
     assert _tokens(r) == _tokens(plain)
     assert {len(w.token_ids) for _, _, w in seen} == {1, 8}

@@ -7,15 +7,16 @@ information a predictor answers ``max_len``, the worst case, which is also the s
 Optional hooks a predictor may have (the scheduler and engines call them only when present; features are plain
 numbers, so the core stays free of tensors): ``start_batch(groups)`` before a rollout is planned,
 ``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens,
-``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed;
-``observe_tokens_many([(group, sample, features), ...]) -> [bool, ...]`` instead where present: a step's reports at
-once), and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
+``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed),
+and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
 predicted length and goes on (read under a KV budget, where the admission projects running samples' growth).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict, deque
+from itertools import accumulate
 from typing import Callable, Protocol
 
 import numpy as np
@@ -103,8 +104,9 @@ class HistoryPredictor:
         self._all_lengths: deque[int] = deque(maxlen=16 * self.KEPT_PER_PROMPT)
         self._this_batch: dict[str, list[int]] = defaultdict(list)  # finished in the rollout in progress
         # a pool's lengths sorted, with suffix sums, for ``predict_outgrown`` (read every step under a KV budget;
-        # the pools change only between rollouts): prompt id (None: all prompts) -> (sorted, suffix sums)
-        self._tails: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+        # the pools change only between rollouts): prompt id (None: all prompts) -> (sorted, suffix sums), plain
+        # lists: a lookup is a bisection and a division, not a few numpy calls
+        self._tails: dict[str | None, tuple[list[int], list[int]]] = {}
 
     def predict(self, group: Group, sample: Sample) -> float:
         if self._count.get(group.prompt_id):
@@ -151,17 +153,17 @@ class HistoryPredictor:
         """Mean of the kept lengths beyond ``sample.generated`` (its prompt's, else all), else ``max_len``."""
         for key in (group.prompt_id, None):
             lengths, suffix = self._tail(key)
-            first = int(np.searchsorted(lengths, sample.generated, side="right"))  # the first one longer
+            first = bisect_right(lengths, sample.generated)  # the first one longer
             if first < len(lengths):
                 return float(suffix[first] / (len(lengths) - first))
         return float(self.max_len)
 
-    def _tail(self, key: str | None) -> tuple[np.ndarray, np.ndarray]:
+    def _tail(self, key: str | None) -> tuple[list[int], list[int]]:
         """Pool ``key``'s lengths sorted and their suffix sums (exact integers), built once per rollout."""
         if key not in self._tails:
-            kept = self._all_lengths if key is None else self._lengths.get(key, ())
-            lengths = np.sort(np.fromiter(kept, dtype=np.int64, count=len(kept)))
-            self._tails[key] = (lengths, np.cumsum(lengths[::-1])[::-1])
+            lengths = sorted(self._all_lengths if key is None else self._lengths.get(key, ()))
+            suffix = list(accumulate(reversed(lengths)))[::-1]
+            self._tails[key] = (lengths, suffix)
         return self._tails[key]
 
 

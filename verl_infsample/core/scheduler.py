@@ -125,7 +125,8 @@ class Scheduler:
         windows = first_tokens(self.samples)
         if len(windows) != len(self.samples):
             raise RuntimeError(f"first_tokens returned {len(windows)} windows for {len(self.samples)} samples")
-        self._observe_tokens([(s, window) for s, window in zip(self.samples, windows)])
+        for s, window in zip(self.samples, windows):
+            self.predictor.observe_tokens(self.groups[s.group], s, window)
         self.token_checkpoints -= {1}  # every sample's first token is known now: no need to report it again
         self.stats.lookahead_prefills = len(self.groups)
         self.stats.predict_ms += (time.perf_counter() - t0) * 1e3
@@ -151,18 +152,11 @@ class Scheduler:
         if not self.refines_predictions:
             return
         t0 = time.perf_counter()
-        changed = [s for (s, _), new in zip(reports, self._observe_tokens(reports)) if new]
+        changed = [s for s, window in reports if self.predictor.observe_tokens(self.groups[s.group], s, window)]
         if not self._read_while_decoding:
             changed = [s for s in changed if s.state is SampleState.WAITING]
         self._repredict(changed)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
-
-    def _observe_tokens(self, reports: list[tuple[Sample, tuple]]) -> list[bool]:
-        """The predictor reads the reports (all at once where it can: ``observe_tokens_many``); True where a
-        sample's prediction changed."""
-        if hasattr(self.predictor, "observe_tokens_many"):
-            return self.predictor.observe_tokens_many([(self.groups[s.group], s, window) for s, window in reports])
-        return [self.predictor.observe_tokens(self.groups[s.group], s, window) for s, window in reports]
 
     def _predict_outgrown(self) -> None:
         """Running samples that reached their predicted length and go on get the predictor's new estimate (otherwise
@@ -256,7 +250,7 @@ class Scheduler:
         return self._finished == len(self.samples)
 
     def admit(self) -> list[Sample]:
-        if self._repredict_outgrown:
+        if self._outgrowing and self._outgrowing[0][0] <= self._decoded:  # a running sample reached its prediction
             self._predict_outgrown()
         if self.policy.ignores_capacity:
             fits = lambda s: True  # noqa: E731

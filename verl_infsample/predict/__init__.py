@@ -1,8 +1,8 @@
 """Length prediction that learns the policy online (issue 7): numpy only, engine-agnostic.
 
 ``LearnedPredictor`` (spec ``learned[:k=K,...]``) implements the core's predictor protocol plus the optional hooks
-``start_batch``, ``observe_prompt`` and ``observe_tokens`` (``observe_tokens_many``: a step's reports at once);
-``TokenWindow`` is what an engine reports when a sample reaches a checkpoint.
+``start_batch``, ``observe_prompt`` and ``observe_tokens``; ``TokenWindow`` is what an engine reports when a sample
+reaches a checkpoint.
 ``evaluate`` holds ``infsample eval-predictor`` (imports torch lazily, only for model rollouts).
 """
 

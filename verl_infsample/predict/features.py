@@ -11,7 +11,7 @@ samples that began with the same tokens went on to generate (the predictor keeps
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -60,6 +60,7 @@ class GroupContext:
     siblings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # ``sibling_features`` as of ``finished``
     waiting: tuple | None = None  # (finished count, siblings, prediction) shared by its samples not yet started
     base: np.ndarray | None = None  # ``group_features``: built once per batch
+    dots: dict = field(default_factory=dict)  # the predictor's: checkpoint -> (regressor version, w . base)
 
     def sibling_finished(self, log_length: float) -> None:
         """A sample of the group finished with exp(``log_length``) tokens: the sibling features move."""
@@ -68,21 +69,23 @@ class GroupContext:
         self.siblings = (1.0, self.finished_log_len_sum / self.finished / 5.0, self.finished / self.size)
 
 
-# layout of the feature vector
+# layout of the feature vector: the group's features | 3 sibling features | the sample's own (token) features
 _TOKEN_SCALARS = 6
-SIBLINGS = 1 + 1 + PROMPT_BUCKETS + 1 + 2  # where the 3 sibling features start
-_TOKENS = SIBLINGS + 3
-DIM = _TOKENS + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
+SIBLINGS = 1 + 1 + PROMPT_BUCKETS + 1 + 2  # where the sibling features start
+TOKENS = SIBLINGS + 3  # where the sample's own start
+DIM = TOKENS + _TOKEN_SCALARS + TOKEN_BUCKETS + 2
+NO_TOKENS = (0.0,) * (DIM - TOKENS)  # a sample's own features before its first token
 
 
-def feature_rows(contexts: Sequence[GroupContext], blocks: Sequence[list[float]]) -> np.ndarray:
-    """The regressor's inputs [n, DIM] of samples that reached a checkpoint together (one array build for a step's
-    reports): ``contexts[i]``'s group features with ``blocks[i]`` (``token_features``) as the token part. The 3
-    sibling features are left 0: they change while a sample waits (its siblings finish), so they travel beside it
-    (``GroupContext.siblings``), a prediction adds their term to ``w . x`` (a refresh costs 3 products, not a new
-    vector) and ``with_siblings`` fills them into the rows the regressors learn from."""
+def feature_rows(contexts: Sequence[GroupContext], siblings: Sequence[tuple], own: Sequence[Sequence[float]]
+                 ) -> np.ndarray:
+    """The regressor's inputs [n, DIM], built when it learns from them: sample i's group features
+    (``contexts[i]``), its sibling features and its own (``token_features``). A prediction needs no such row: it
+    adds the three parts' products with the weights (the group's once per group and solve, the siblings' 3, the
+    sample's over a short plain list), so a waiting sample's refresh when a sibling finishes costs 3 products."""
     x = np.array([group_features(ctx) for ctx in contexts])
-    x[:, _TOKENS:] = blocks
+    x[:, SIBLINGS:TOKENS] = siblings
+    x[:, TOKENS:] = own
     return x
 
 
@@ -95,11 +98,11 @@ def group_features(ctx: GroupContext) -> np.ndarray:
 
 
 def token_features(window: TokenWindow | None, prefix_log_len: float | None) -> list[float]:
-    """The sample's own part of the features (the last ``DIM - SIBLINGS - 3`` numbers) as a plain list: its tokens
+    """The sample's own part of the features (the last ``DIM - TOKENS`` numbers) as a plain list: its tokens
     so far (0 before the first) and ``prefix_log_len``, the mean log remaining length of earlier samples that began
     with the same tokens, at the same checkpoint (a hashed bag of tokens mixes ids in its buckets; this keeps the
     opening's own track record, e.g. "Let me think step by step" vs a one-word answer)."""
-    block = [0.0] * (DIM - _TOKENS)
+    block = list(NO_TOKENS)
     if window is not None and window.token_ids:
         n = len(window.token_ids)
         lp = window.logprobs
@@ -126,10 +129,3 @@ def _group_features(ctx: GroupContext) -> np.ndarray:
     if ctx.history_log_len is not None:
         x[SIBLINGS - 2], x[SIBLINGS - 1] = 1.0, ctx.history_log_len / 5.0
     return x
-
-
-def with_siblings(rows: np.ndarray, siblings: np.ndarray) -> np.ndarray:
-    """``feature_rows`` rows [n, DIM] with their sibling features ([n, 3]) filled in, in place: the rows the
-    regressors learn from."""
-    rows[:, SIBLINGS:SIBLINGS + 3] = siblings
-    return rows

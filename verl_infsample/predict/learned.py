@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+from operator import mul
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -47,8 +48,8 @@ import numpy as np
 
 from ..core.predictor import HistoryPredictor
 from ..core.sample import Group, Sample
-from .features import (DIM, SIBLINGS, GroupContext, TokenWindow, feature_rows, group_features,
-                       prompt_vector, token_features, with_siblings)
+from .features import (DIM, NO_TOKENS, SIBLINGS, TOKENS, GroupContext, TokenWindow, feature_rows, group_features,
+                       prompt_vector, token_features)
 
 STATE_VERSION = 3  # 3: checkpoint k = 1 (first-token lookahead)
 DRIFT_MIN = 8  # samples a checkpoint needs in a batch before its mean residual becomes the next batch's drift
@@ -73,14 +74,11 @@ class _LiveSample:
     """A started sample of the current batch: the feature snapshots it left at checkpoints."""
 
     generated: int = 0  # tokens at its latest checkpoint
-    # (checkpoint index, features (``feature_rows``), sibling features when it was taken)
-    snapshots: list[tuple[int, np.ndarray, tuple]] = field(default_factory=list)
+    # (checkpoint index, its own features (``token_features``), sibling features when it was taken)
+    snapshots: list[tuple[int, Sequence[float], tuple]] = field(default_factory=list)
     opening: tuple[int, ...] = ()  # its first tokens (``PREFIX_TOKENS[0]`` of them, fewer before)
     cached: float | None = None  # prediction at its latest checkpoint (None: recompute)
     siblings: int = 0  # its group's finished samples when the snapshots were taken
-    # (features, regressor version, w . features) of its latest snapshot: while only its siblings change, a new
-    # prediction is their term added to it
-    wx: tuple | None = None
 
 
 class LearnedPredictor:
@@ -116,8 +114,9 @@ class LearnedPredictor:
         self._A = np.zeros((c, DIM, DIM))
         self._b = np.zeros((c, DIM))
         self._yy = np.zeros((c, 2))  # decayed sum of y^2 and decayed count: the residuals' spread
-        self._rows: list[list[tuple[np.ndarray, tuple, float]]] = [[] for _ in range(c)]  # (x, siblings, y)
-        self._seen = np.zeros(c, dtype=np.int64)  # samples each checkpoint has learned from (no decay)
+        # (group context, own features, sibling features, y): the rows are built when folded
+        self._rows: list[list[tuple[GroupContext, Sequence[float], tuple, float]]] = [[] for _ in range(c)]
+        self._seen = [0] * c  # samples each checkpoint has learned from (no decay; plain ints: read every step)
         self._drift = np.zeros(c)  # the last batch's mean residual (log tokens), added to predictions: see start_batch
         self._batch_x = np.zeros((c, DIM))  # this batch's samples, per checkpoint: sum of features,
         self._batch_y = np.zeros((c, 2))  # (sum of log remaining lengths, count)
@@ -159,20 +158,20 @@ class LearnedPredictor:
         live = self._live.get((group.prompt_id, sample.index)) if sample is not None else None
         if live is None or not live.snapshots:  # not started: the group's shared prediction
             if ctx.waiting is None or ctx.waiting[0] != ctx.finished:
-                ctx.waiting = (ctx.finished, ctx.siblings,
-                               self._final(group, sample, 0, group_features(ctx), ctx.siblings, 0))
+                prediction = self._final(group, sample, ctx, 0, NO_TOKENS, ctx.siblings, 0)
+                ctx.waiting = (ctx.finished, ctx.siblings, prediction)
             return ctx.waiting[2]
         if sample.generated == 0 and live.siblings != ctx.finished:  # not started: its siblings as of now
-            live.snapshots = [(ci, x, ctx.siblings) for ci, x, _ in live.snapshots]
+            live.snapshots = [(ci, own, ctx.siblings) for ci, own, _ in live.snapshots]
             live.siblings, live.cached = ctx.finished, None
         if live.cached is None:
-            ci, x, siblings = live.snapshots[-1]
-            live.cached = self._final(group, sample, ci, x, siblings, live.generated, live)
+            ci, own, siblings = live.snapshots[-1]
+            live.cached = self._final(group, sample, ctx, ci, own, siblings, live.generated)
         return live.cached
 
-    def _final(self, group: Group, sample: Sample | None, ci: int, x: np.ndarray, siblings: tuple, generated: int,
-               live: _LiveSample | None = None) -> float:
-        final = self._regress(ci, x, siblings, live)
+    def _final(self, group: Group, sample: Sample | None, ctx: GroupContext, ci: int, own: Sequence[float],
+               siblings: tuple, generated: int) -> float:
+        final = self._regress(ci, ctx, own, siblings)
         if final is None:  # this checkpoint has not seen enough samples yet
             final = self.history.predict(group, sample)
         return float(min(self.max_len, max(generated + 1.0, final)))
@@ -180,47 +179,21 @@ class LearnedPredictor:
     def observe_tokens(self, group: Group, sample: Sample, window: TokenWindow) -> bool:
         """A running sample reached a checkpoint (``len(window.token_ids)`` tokens): snapshot its features and
         re-predict. True when its prediction changed (always, at a checkpoint)."""
-        return self.observe_tokens_many([(group, sample, window)])[0]
-
-    def observe_tokens_many(self, reports: Sequence[tuple[Group, Sample, TokenWindow]]) -> list[bool]:
-        """``observe_tokens`` for a step's reports at once: their feature vectors are built as one array and each
-        checkpoint's regressor takes them in one product (kept for the predictions that read them)."""
-        changed, fresh, contexts, blocks = [], [], [], []
-        for group, sample, window in reports:
-            key = (group.prompt_id, sample.index)
-            live = self._live.get(key)
-            if live is None:
-                live = self._live[key] = _LiveSample()
-            ctx = self._context(group)
-            if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
-                live.snapshots.append((0, group_features(ctx), ctx.siblings))
-            n = len(window.token_ids)
-            if n not in self.token_checkpoints or n <= live.generated:
-                changed.append(False)
-                continue
-            live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
-            ci = self._checkpoint_index[n]
-            fresh.append((live, ci, ctx.siblings))
-            contexts.append(ctx)
-            blocks.append(token_features(window, self._opening_mean(ci, live.opening)))
-            live.generated, live.cached, live.siblings = n, None, ctx.finished
-            changed.append(True)
-        if fresh:
-            rows = feature_rows(contexts, blocks)
-            wx = {ci: self._dot_if_current(ci, rows) for ci in {ci for _, ci, _ in fresh}}
-            for i, (live, ci, siblings) in enumerate(fresh):
-                x = rows[i]
-                live.snapshots.append((ci, x, siblings))
-                if wx[ci] is not None:
-                    live.wx = (x, self._version[ci], float(wx[ci][i]))
-        return changed
-
-    def _dot_if_current(self, ci: int, rows: np.ndarray) -> np.ndarray | None:
-        """``rows @ w`` of checkpoint ``ci`` where its regressor is the one the next prediction will use (trained,
-        solved and not due for a refit), else None: the prediction, when read, solves first (as it would)."""
-        if not self._ready[ci] or not self._solved[ci] or len(self._rows[ci]) >= self.refit_every:
-            return None
-        return rows @ self._w[ci]
+        key = (group.prompt_id, sample.index)
+        live = self._live.get(key)
+        if live is None:
+            live = self._live[key] = _LiveSample()
+        ctx = self._context(group)
+        if not live.snapshots:  # the k = 0 snapshot: the sample as it started, siblings as of now
+            live.snapshots.append((0, NO_TOKENS, ctx.siblings))
+        n = len(window.token_ids)
+        if n not in self.token_checkpoints or n <= live.generated:
+            return False
+        live.opening = tuple(int(t) for t in window.token_ids[:PREFIX_TOKENS[0]])
+        ci = self._checkpoint_index[n]
+        live.snapshots.append((ci, token_features(window, self._opening_mean(ci, live.opening)), ctx.siblings))
+        live.generated, live.cached, live.siblings = n, None, ctx.finished
+        return True
 
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """Past its prediction a sample is predicted as ``history`` does (earlier lengths beyond what it has)."""
@@ -237,22 +210,22 @@ class LearnedPredictor:
         if live is not None and live.snapshots:
             snapshots = live.snapshots
         else:  # no tokens seen (a simulator): the features it was predicted from
-            snapshots = [(0, group_features(ctx), ctx.waiting[1] if ctx.waiting is not None else ctx.siblings)]
+            snapshots = [(0, NO_TOKENS, ctx.waiting[1] if ctx.waiting is not None else ctx.siblings)]
         opening = live.opening if live is not None else ()
         log_length = math.log(length)
-        for ci, x, siblings in snapshots:
+        for ci, own, siblings in snapshots:
             remaining = length - self.checkpoints[ci]
             if remaining >= 1:
                 y = math.log(remaining) if ci else log_length
-                self._learn(ci, x, siblings, y)
+                self._learn(ci, (ctx, own, siblings, y))
                 if ci and opening:
                     self._learn_opening(ci, opening, y)
         ctx.sibling_finished(log_length)
         self.observed += 1
 
     # --- the regressors ------------------------------------------------------------------------------------------
-    def _learn(self, ci: int, x: np.ndarray, siblings: tuple, y: float) -> None:
-        self._rows[ci].append((x, siblings, y))
+    def _learn(self, ci: int, row: tuple[GroupContext, Sequence[float], tuple, float]) -> None:
+        self._rows[ci].append(row)
         self._seen[ci] += 1
         if not self._ready[ci] and self._seen[ci] >= self.min_samples:
             self._ready[ci] = True
@@ -263,8 +236,9 @@ class LearnedPredictor:
         rows, self._rows[ci] = self._rows[ci], []
         if not rows:
             return
-        X = with_siblings(np.array([x for x, _, _ in rows]), np.array([s for _, s, _ in rows]))
-        y = np.array([v for _, _, v in rows])
+        contexts, own, siblings, y = zip(*rows)
+        X = feature_rows(contexts, siblings, own)
+        y = np.array(y)
         weights = self.forget ** np.arange(len(rows) - 1, -1, -1, dtype=float)
         decay = self.forget ** len(rows)
         Xw = X * weights[:, None]
@@ -314,22 +288,21 @@ class LearnedPredictor:
         while len(table) > PREFIX_KEYS:
             del table[next(iter(table))]
 
-    def _regress(self, ci: int, x: np.ndarray, siblings: tuple, live: _LiveSample | None = None) -> float | None:
-        """Predicted final length from checkpoint ``ci``'s regressor at features ``x`` with ``siblings``, or None
-        while it is untrained. ``live``: the sample whose latest snapshot ``x`` is (keeps w . x while only its
-        siblings change)."""
+    def _regress(self, ci: int, ctx: GroupContext, own: Sequence[float], siblings: tuple) -> float | None:
+        """Predicted final length from checkpoint ``ci``'s regressor for a sample of ``ctx``'s group with these
+        features of its own and siblings, or None while it is untrained. w . x in its three parts, in plain floats
+        (no array per prediction: see ``features.feature_rows``)."""
         if not self._ready[ci]:
             return None
         if len(self._rows[ci]) >= self.refit_every or not self._solved[ci]:
             self._solve(ci)
-        if live is not None and live.wx is not None and live.wx[0] is x and live.wx[1] == self._version[ci]:
-            wx = live.wx[2]
-        else:
-            wx = float(self._w[ci] @ x)
-            if live is not None:
-                live.wx = (x, self._version[ci], wx)
+        version, group_term = ctx.dots.get(ci, (None, 0.0))
+        if version != self._version[ci]:
+            group_term = float(self._w[ci] @ group_features(ctx))
+            ctx.dots[ci] = (self._version[ci], group_term)
         a, b, c = self._w_siblings[ci]
-        y = wx + (a * siblings[0] + b * siblings[1] + c * siblings[2]) + self._offset[ci]
+        y = (group_term + (a * siblings[0] + b * siblings[1] + c * siblings[2]) + sum(map(mul, self._w_own[ci], own))
+             + self._offset[ci])
         return self.checkpoints[ci] + math.exp(min(max(y, 0.0), self._log_max))
 
     def _solve(self, ci: int) -> None:
@@ -338,7 +311,8 @@ class LearnedPredictor:
         A, b, ridge = self._A[ci], self._b[ci], self.ridge if ci else self.prompt_ridge
         w = np.linalg.solve(A + ridge * self._eye, b)
         self._w[ci], self._solved[ci] = w, True
-        self._w_siblings[ci] = tuple(w[SIBLINGS:SIBLINGS + 3].tolist())
+        self._w_siblings[ci] = tuple(w[SIBLINGS:TOKENS].tolist())
+        self._w_own[ci] = w[TOKENS:].tolist()
         self._version[ci] += 1
         yy, n = self._yy[ci]
         if n > 0:  # mean squared residual: (sum y^2 - 2 w.X^T y + w.X^T X w) / n
@@ -346,21 +320,23 @@ class LearnedPredictor:
         self._offset[ci] = float(self._drift[ci] + self._z * self._sigma[ci])
 
     def _reset_solutions(self) -> None:
-        """No regressor solved yet (a new or loaded state): each is solved when first read. The scalars a prediction
-        reads are kept as plain floats (a prediction is a few of them and one dot product)."""
+        """No regressor solved yet (a new or loaded state): each is solved when first read. What a prediction reads
+        is kept in plain floats (a prediction is a few products and sums of them: see ``_regress``)."""
         c = len(self.checkpoints)
         self._sigma = np.zeros(c)  # std of log remaining length around each regressor (at its last solve)
         self._w = np.zeros((c, DIM))
         self._solved = [False] * c
         self._ready = [bool(n >= self.min_samples) for n in self._seen]  # left the ``history`` fallback
         self._w_siblings = [(0.0, 0.0, 0.0)] * c  # the sibling features' weights
+        self._w_own = [list(NO_TOKENS)] * c  # the sample's own features' weights
         self._offset = [float(d) for d in self._drift]  # drift + z * sigma: added to every prediction
-        self._version = getattr(self, "_version", [0] * c)  # bumped by each solve: a cached w . x is stale
+        self._version = getattr(self, "_version", [0] * c)  # bumped by each solve: a group's cached term is stale
 
     def refit(self) -> None:
         """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
-        for ci in np.flatnonzero(self._seen >= self.min_samples):
-            self._solve(int(ci))
+        for ci in range(len(self.checkpoints)):
+            if self._seen[ci] >= self.min_samples:
+                self._solve(ci)
 
     def trained_checkpoints(self) -> list[int]:
         """Checkpoints (tokens) whose regressor has left the ``history`` fallback."""
@@ -390,7 +366,7 @@ class LearnedPredictor:
         for ci in range(len(self.checkpoints)):
             self._fold(ci)
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, A=self._A, b=self._b, seen=self._seen, yy=self._yy,
+        np.savez(tmp, A=self._A, b=self._b, seen=np.array(self._seen, dtype=np.int64), yy=self._yy,
                  drift=self._drift, batch_x=self._batch_x, batch_y=self._batch_y, meta=np.array(json.dumps(meta)))
         tmp.replace(path)
         self._saved_at = self.observed
@@ -411,7 +387,7 @@ class LearnedPredictor:
         if tuple(meta["checkpoints"]) != self.checkpoints:
             raise ValueError(f"predictor state {path}: learned at checkpoints {meta['checkpoints']}, this predictor "
                              f"uses {list(self.checkpoints)} (k={self.k}); use the same k or delete the file")
-        self._A, self._b, self._seen, self._yy = A.copy(), b.copy(), seen.copy(), yy.copy()
+        self._A, self._b, self._seen, self._yy = A.copy(), b.copy(), [int(n) for n in seen], yy.copy()
         self._drift, self._batch_x, self._batch_y = drift.copy(), batch_x.copy(), batch_y.copy()
         self._rows = [[] for _ in self.checkpoints]
         self._reset_solutions()
