@@ -345,8 +345,9 @@ class Scheduler:
             if self.refines_predictions and self._read_while_decoding:  # sibling signal: finished lengths
                 # inform the rest of their groups (under slots, at their admission: see __init__)
                 for g in sorted({s.group for s in finished}):
-                    members = self.samples[self._group_first[g]:self._group_first[g + 1]]
-                    self._repredict([s for s in members if s.state is SampleState.WAITING])
+                    if self._group_unfinished[g] > self._group_running[g]:  # (some of it still waits)
+                        members = self.samples[self._group_first[g]:self._group_first[g + 1]]
+                        self._repredict([s for s in members if s.state is SampleState.WAITING])
             if self.refines_predictions:
                 self.stats.refine_ms += (time.perf_counter() - t0 + learn_s) * 1e3  # learning included
 
