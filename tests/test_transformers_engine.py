@@ -185,16 +185,23 @@ def test_an_exception_in_a_step_fails_the_whole_rollout(tiny_engine, tiny_prompt
 
 def test_the_first_token_lookahead_keeps_the_tokens_and_fails_loudly(tiny_engine, tiny_prompts, monkeypatch):
     """With ``learned`` the engine draws every sample's first token before the plan (one prompt pass per group) and
-    emits exactly that token when the sample starts: the tokens are those of ``full``. A failure inside the
-    lookahead fails the rollout and leaves no block held."""
+    emits exactly that token when the sample starts, without drawing it again: the tokens are those of ``full``,
+    and as many are drawn. A failure inside the lookahead fails the rollout and leaves no block held."""
+    import dataclasses
+
     from verl_infsample.core.predictor import make_predictor
 
     prompts, stop = tiny_prompts
     params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=5)
     full = tiny_engine.rollout(prompts, 6, params, policy="full")
+    drawn, sampler = [], tiny_engine._sampling  # rows the sampler draws a token for, by the steps and the lookahead
+    monkeypatch.setattr(tiny_engine, "_sampling", dataclasses.replace(
+        sampler, tokens=lambda rows, p, rngs, **kw: drawn.append(len(rngs)) or sampler.tokens(rows, p, rngs, **kw),
+        shared=lambda logits, p, rngs: drawn.append(len(rngs)) or sampler.shared(logits, p, rngs)))
     res = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3),
                               predictor=make_predictor("learned:k=8", max_len=MAX_NEW))
     assert res.stats.lookahead_prefills == len(prompts) and _tokens(res) == _tokens(full)
+    assert sum(drawn) == sum(len(t) for g in _tokens(res) for t in g)
     plain = tiny_engine.rollout(prompts, 6, params, policy="infinite", capacity=SlotPool(3), predictor="history")
     assert _tokens(plain) == _tokens(full) and plain.stats.lookahead_prefills == 0
 

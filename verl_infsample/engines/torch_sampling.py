@@ -58,14 +58,10 @@ def counter_stream(seed: int, prompt_id: str, index: int) -> CounterStream:
     return CounterStream(int.from_bytes(digest, "little", signed=True))
 
 
-SPENT = CounterStream(0)  # stands in for a stream whose draw was made already (its t is never advanced)
-
-
 def _advance(streams: list[CounterStream]) -> None:
-    """Each stream drew its token: the next draw is at the next position (``SPENT`` stays as it is)."""
+    """Each stream drew its token: the next draw is at the next position."""
     for s in streams:
-        if s is not SPENT:
-            s.t += 1
+        s.t += 1
 
 
 def uniforms(streams: list[CounterStream], vocab: int, device) -> torch.Tensor:

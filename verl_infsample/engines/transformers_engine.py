@@ -42,7 +42,6 @@ from .sampling import SamplingParams
 # rows drawn together (a step's batch, a group's lookahead): bounds the sampler's float64 [rows, vocab] temporaries
 # (about 1.2 GB each for 1024 rows of Qwen3's 151,936 ids) whatever the batch, so `full`'s memory is its KV, not ours
 _SAMPLE_ROWS = 64
-_SPENT_STREAM = np.random.Generator(np.random.PCG64(0))  # stands in for a stream whose first draw is made already
 SAMPLERS = ("auto", "numpy", "torch")
 
 
@@ -57,15 +56,14 @@ class _Sampler:
     tokens: Callable
     shared: Callable
     stats: Callable
-    spent: object
     on_device: bool
 
 
 _SAMPLERS = {
     "numpy": _Sampler("numpy", sampling.sample_stream, sampling.sample_tokens, sampling.sample_shared,
-                      sampling.distribution_stats, _SPENT_STREAM, False),
+                      sampling.distribution_stats, False),
     "torch": _Sampler("torch", torch_sampling.counter_stream, torch_sampling.sample_tokens,
-                      torch_sampling.sample_shared, torch_sampling.distribution_stats, torch_sampling.SPENT, True),
+                      torch_sampling.sample_shared, torch_sampling.distribution_stats, True),
 }
 
 
@@ -166,11 +164,11 @@ class TransformersEngine:
             timing = run_rollout(self, sched, on_step=on_step)
         finally:
             self._free_all(sched.samples)
-        # the lookahead's prompt passes kept as prefills and its samples' random streams are the engine's work (a
-        # rollout without the lookahead does the same, the prefills inside the decode loop), not the predictor's
+        # the lookahead's prompt passes kept as prefills, its samples' random streams and their first tokens are the
+        # engine's work (a rollout without the lookahead does the same inside the decode loop), not the predictor's
         kept_s = sum(t for g, t in self._lookahead_prefill_s.items() if g not in self._lookahead_dropped)
-        sched.stats.predict_ms -= (kept_s + self._stream_setup_s) * 1e3
-        timing.engine_s += kept_s
+        sched.stats.predict_ms -= (kept_s + self._stream_setup_s + self._first_draw_s) * 1e3
+        timing.engine_s += kept_s + self._first_draw_s
         wall = time.perf_counter() - t0
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
@@ -213,7 +211,6 @@ class TransformersEngine:
             else:  # small prompt copies: one gathered context per row is cheaper than the cascade's kernels
                 out = self._forward(ids, positions, [self._context(running[i], len(o)) for i, o in zip(feeding, own)],
                                     q_len=1)
-        rngs = [s.payload["rng"] for s in running]
         drawn: list[int] = []
         if out is not None and len(feeding) == len(running):
             rows = out
@@ -221,17 +218,23 @@ class TransformersEngine:
             rows = torch.stack([self._prompt_logits[s.group] for s in running])
             if out is not None:
                 rows[torch.tensor(feeding)] = out
-            # first tokens the lookahead drew already: their streams have moved past them
-            drawn = [i for i, s in enumerate(running) if "first" in s.payload]
-            for i in drawn:
-                rngs[i] = self._sampling.spent
+            drawn = [i for i, s in enumerate(running) if "first" in s.payload]  # by the lookahead, already
         params = self._params
         checkpoints = sched.token_checkpoints
         reaching = ([i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints] if checkpoints
                     else [])
-        tokens, logprobs, stats = self._draw(sched, rows, rngs, reaching)
-        for i in drawn:
-            tokens[i], logprobs[i] = running[i].payload.pop("first")
+        if drawn:  # (a row's token depends on its logits and stream only: the others draw as they would)
+            draw = [i for i, s in enumerate(running) if "first" not in s.payload]
+            tokens, logprobs = np.zeros(len(running), dtype=np.int64), np.zeros(len(running))
+            stats = []
+            if draw:
+                position = {i: j for j, i in enumerate(draw)}  # (no sample reaching a checkpoint is in ``drawn``)
+                tokens[draw], logprobs[draw], stats = self._draw(
+                    sched, rows[draw], [running[i].payload["rng"] for i in draw], [position[i] for i in reaching])
+            for i in drawn:
+                tokens[i], logprobs[i] = running[i].payload.pop("first")
+        else:
+            tokens, logprobs, stats = self._draw(sched, rows, [s.payload["rng"] for s in running], reaching)
         finished = []
         for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
@@ -301,8 +304,10 @@ class TransformersEngine:
                 self._lookahead_dropped.add(g)
             for lo in range(0, len(group), _SAMPLE_ROWS):
                 part = group[lo:lo + _SAMPLE_ROWS]
+                t0 = time.perf_counter()
                 tokens, logprobs, logp = self._sampling.shared(
                     logits if self._sampling.on_device else logits.numpy(), params, [s.payload["rng"] for s in part])
+                self._first_draw_s += time.perf_counter() - t0
                 entropy, stop = self._sampling.stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
                     s.payload["first"] = (token, logprob)
@@ -374,6 +379,7 @@ class TransformersEngine:
         self._lookahead_dropped: set[int] = set()  # groups whose lookahead KV went (prefilled again when they open)
         self._until_admission = False  # a KV budget: unopened lookahead prompts go at the first admission
         self._stream_setup_s = 0.0  # the lookahead's set-up of the samples' random streams: see rollout
+        self._first_draw_s = 0.0  # the lookahead's draws of the first tokens (the steps do not draw them again)
         self.pool.stats = KVStats(self.pool.stats.bytes_per_token, pool_bytes=self.pool.stats.pool_bytes)
 
     def _free_all(self, samples: list[Sample]) -> None:
