@@ -57,7 +57,7 @@ class GroupContext:
     finished: int = 0
     finished_log_len_sum: float = 0.0
     history_log_len: float | None = None  # mean log length of this prompt in earlier rollouts
-    siblings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # ``sibling_features`` as of ``finished``
+    siblings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the 3 sibling features as of ``finished``
     waiting: tuple | None = None  # (finished count, siblings, prediction) shared by its samples not yet started
     base: np.ndarray | None = None  # ``group_features``: built once per batch
     dots: dict = field(default_factory=dict)  # the predictor's: checkpoint -> (regressor version, w . base)
@@ -93,7 +93,15 @@ def group_features(ctx: GroupContext) -> np.ndarray:
     """The features every sample of the group shares (bias, prompt length and tokens, the prompt's history; no
     sibling or token features), built once per batch and shared: never write to it."""
     if ctx.base is None:
-        ctx.base = _group_features(ctx)
+        x = np.zeros(DIM)
+        x[0] = 1.0
+        x[1] = math.log1p(ctx.prompt_len) / 5.0
+        if ctx.prompt is not None:
+            x[2:2 + PROMPT_BUCKETS] = ctx.prompt
+            x[2 + PROMPT_BUCKETS] = 1.0
+        if ctx.history_log_len is not None:
+            x[SIBLINGS - 2], x[SIBLINGS - 1] = 1.0, ctx.history_log_len / 5.0
+        ctx.base = x
     return ctx.base
 
 
@@ -116,16 +124,3 @@ def token_features(window: TokenWindow | None, prefix_log_len: float | None) -> 
     if prefix_log_len is not None:
         block[-2], block[-1] = 1.0, prefix_log_len / 5.0
     return block
-
-
-def _group_features(ctx: GroupContext) -> np.ndarray:
-    """The features every sample of the group shares: bias, prompt length and tokens, the prompt's history."""
-    x = np.zeros(DIM)
-    x[0] = 1.0
-    x[1] = math.log1p(ctx.prompt_len) / 5.0
-    if ctx.prompt is not None:
-        x[2:2 + PROMPT_BUCKETS] = ctx.prompt
-        x[2 + PROMPT_BUCKETS] = 1.0
-    if ctx.history_log_len is not None:
-        x[SIBLINGS - 2], x[SIBLINGS - 1] = 1.0, ctx.history_log_len / 5.0
-    return x

@@ -120,6 +120,7 @@ class LearnedPredictor:
         self._drift = np.zeros(c)  # the last batch's mean residual (log tokens), added to predictions: see start_batch
         self._batch_x = np.zeros((c, DIM))  # this batch's samples, per checkpoint: sum of features,
         self._batch_y = np.zeros((c, 2))  # (sum of log remaining lengths, count)
+        self._version = [0] * c  # bumped by each solve: a group's cached w . group features is stale
         self._reset_solutions()
         self._log_max = math.log(max_len)
         self._eye = np.eye(DIM)
@@ -263,7 +264,7 @@ class LearnedPredictor:
             if self._seen[ci] >= self.min_samples:
                 self._solve(int(ci))
                 self._drift[ci] = (self._batch_y[ci, 0] - float(self._w[ci] @ self._batch_x[ci])) / self._batch_y[ci, 1]
-                self._offset[ci] = float(self._drift[ci] + self._z * self._sigma[ci])
+                self._set_offset(ci)
         self._batch_x[:] = 0.0
         self._batch_y[:] = 0.0
 
@@ -317,6 +318,10 @@ class LearnedPredictor:
         yy, n = self._yy[ci]
         if n > 0:  # mean squared residual: (sum y^2 - 2 w.X^T y + w.X^T X w) / n
             self._sigma[ci] = math.sqrt(max(0.0, (yy - 2 * float(w @ b) + float(w @ (A @ w))) / n))
+        self._set_offset(ci)
+
+    def _set_offset(self, ci: int) -> None:
+        """What every prediction at ``ci`` adds to w . x: the drift, and the quantile's share of the spread."""
         self._offset[ci] = float(self._drift[ci] + self._z * self._sigma[ci])
 
     def _reset_solutions(self) -> None:
@@ -329,8 +334,9 @@ class LearnedPredictor:
         self._ready = [bool(n >= self.min_samples) for n in self._seen]  # left the ``history`` fallback
         self._w_siblings = [(0.0, 0.0, 0.0)] * c  # the sibling features' weights
         self._w_own = [list(NO_TOKENS)] * c  # the sample's own features' weights
-        self._offset = [float(d) for d in self._drift]  # drift + z * sigma: added to every prediction
-        self._version = getattr(self, "_version", [0] * c)  # bumped by each solve: a group's cached term is stale
+        self._offset = [0.0] * c  # ``_set_offset``
+        for ci in range(c):
+            self._set_offset(ci)
 
     def refit(self) -> None:
         """Solve every trained regressor now (normally each waits for ``refit_every`` new samples)."""
