@@ -87,11 +87,10 @@ def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int,
     offsets = np.maximum.accumulate(np.where(first, ends - lengths[order], 0.0)) if len(order) else ends
     start = np.empty(len(lengths), dtype=float)
     start[order] = ends - lengths[order] - offsets
-    makespan = float(np.max(ends - offsets, initial=0.0))
-    if release is not None:
-        start += release[lane]
-        makespan = float(np.max(np.bincount(lane, weights=lengths, minlength=lanes) + release))
-    return start, makespan
+    if release is None:
+        return start, float(np.max(ends - offsets, initial=0.0))
+    start += release[lane]
+    return start, float(np.max(np.bincount(lane, weights=lengths, minlength=lanes) + release))
 
 
 def _greedy_onto_lanes(lengths: np.ndarray, jobs: np.ndarray, loads: list[float], lane: np.ndarray) -> None:

@@ -211,20 +211,21 @@ class TransformersEngine:
             else:  # small prompt copies: one gathered context per row is cheaper than the cascade's kernels
                 out = self._forward(ids, positions, [self._context(running[i], len(o)) for i, o in zip(feeding, own)],
                                     q_len=1)
-        drawn: list[int] = []
+        drawn: list[int] = []  # rows whose first token the lookahead drew already
+        draw: list[int] = []  # the others, when there are such rows
         if out is not None and len(feeding) == len(running):
             rows = out
         else:  # samples admitted this step draw their first token from their group's prompt logits
             rows = torch.stack([self._prompt_logits[s.group] for s in running])
             if out is not None:
                 rows[torch.tensor(feeding)] = out
-            drawn = [i for i, s in enumerate(running) if "first" in s.payload]  # by the lookahead, already
+            for i, s in enumerate(running):
+                (drawn if "first" in s.payload else draw).append(i)
         params = self._params
         checkpoints = sched.token_checkpoints
         reaching = ([i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints] if checkpoints
                     else [])
         if drawn:  # (a row's token depends on its logits and stream only: the others draw as they would)
-            draw = [i for i, s in enumerate(running) if "first" not in s.payload]
             tokens, logprobs = np.zeros(len(running), dtype=np.int64), np.zeros(len(running))
             stats = []
             if draw:
