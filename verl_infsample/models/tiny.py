@@ -19,8 +19,8 @@ from a couple of tokens to the cap (some short, most in between, roughly one in 
 accounts for a fair part of the spread (the kind of task, the story's size word, ...), the first tokens for more.
 
 The **"modes" variant** (``tiny_model_path(variant="modes")``, ``.cache/tiny-model-modes/``; ``make-tiny-model DIR
---variant modes``) has the same size, tokenizer code and recipe on another corpus, trained 4000 steps (about a
-minute) so that it fits that corpus: chains of m steps
+--variant modes``) has the same size, tokenizer code and recipe on another corpus, trained 8000 steps (about two
+minutes) so that it fits that corpus: chains of m steps
 ("count to 9", "add 41 and 13", "what is 7 times 6") answered at random in one of three modes whose first token
 differs, ``answer : 9 .`` (direct), ``count : 1 2 ... 9 . answer : 9 .`` and ``step 1 : 0 + 1 = 1 . ...``. Sampled at
 temperature 1 a group mixes the modes; the mode comes first and the length follows it (at k=8: count ~20 tokens,
@@ -88,9 +88,11 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
 # Variants: build parameters over DEFAULTS. "modes": same size, tokenizer code and recipe, on the "modes" corpus
 # (its first tokens tell the length), trained until it fits that corpus: at 1000 steps (loss 0.41) it followed its
 # modes so loosely that no predictor could rank its lengths well (the Monte Carlo ceiling of ``eval-predictor
-# --ceiling``: Kendall tau 0.48-0.58 at k=8); at 4000 (loss 0.09, about 45 s more) the ceiling is 0.81.
+# --ceiling``: Kendall tau 0.48-0.58 at k=8); at 4000 it still drew its modes off the corpus's weights (count 49%,
+# step 32%, direct 19% of 3072 samples; the corpus: 35 / 35 / 30) and cut step answers short (70 tokens on average);
+# at 8000 (about a minute more) 41 / 36 / 22 and 84 tokens, as its corpus runs them (measured, session 15).
 # ``corpus`` enters the fingerprint only when it is not the default's.
-MODES_TRAIN_STEPS = 4000
+MODES_TRAIN_STEPS = 8000
 VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes", train_steps=MODES_TRAIN_STEPS)}
 
 
