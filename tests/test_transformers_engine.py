@@ -42,6 +42,7 @@ def reference(tiny_engine, tiny_prompts):
 @pytest.mark.parametrize("policy, capacity", [
     ("naive", SlotPool(3)), ("continuous", SlotPool(1)), ("continuous", SlotPool(5)), ("lpt", SlotPool(4)),
     ("infinite", SlotPool(2)), ("infinite", SlotPool(7)), ("infinite", KVBudget(700)), ("oracle", SlotPool(4)),
+    ("infinite", KVBudget(700, max_running=3)),
 ])
 def test_same_seed_same_samples_under_every_schedule(tiny_engine, tiny_prompts, reference, policy, capacity):
     prompts, _ = tiny_prompts
@@ -55,6 +56,8 @@ def test_same_seed_same_samples_under_every_schedule(tiny_engine, tiny_prompts, 
             np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=1e-5)
     if isinstance(capacity, KVBudget):  # the real paged allocation stays inside the token budget
         assert res.kv.peak_in_use_bytes <= capacity.tokens * res.kv.bytes_per_token
+        if capacity.max_running is not None:  # and the budget's cap on samples decoding at once holds
+            assert res.stats.peak_active <= capacity.max_running
     elif capacity.slots <= 3:  # far fewer slots than G: less KV than decoding the whole group at once
         assert res.kv.peak_in_use_bytes < full.kv.peak_in_use_bytes
     assert tiny_engine.pool.in_use == 0  # everything freed at the end

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -137,8 +137,8 @@ class TransformersEngine:
             f"the model's context of {self.max_positions} (max_position_embeddings); shorten the prompt or lower "
             "max_new_tokens")
         capacity = capacity or SlotPool(max(sizes))
-        if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget
-            capacity = KVBudget(capacity.tokens, block_size=self.pool.block_size)
+        if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget (its cap on
+            capacity = replace(capacity, block_size=self.pool.block_size)  # running samples, if any, stays)
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
         self._reset_batch()
