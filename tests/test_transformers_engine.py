@@ -373,6 +373,13 @@ def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, t
     learned = json.loads(capsys.readouterr().out)
     assert learned[0]["identical_to_full"] and learned[0]["total_tokens"] == rows[1]["total_tokens"]
 
+    # under a KV budget with a cap of one sample decoding at a time, every step makes one token
+    assert main([*common, "--policy", "infinite", "--kv-budget", "400", "--max-running", "1"]) == 0
+    capped = json.loads(capsys.readouterr().out)[0]
+    assert capped["identical_to_full"] and capped["decode_steps"] >= capped["total_tokens"] == rows[1]["total_tokens"]
+
+    assert main([*common, "--max-running", "2"]) == 2
+    assert "give it with --kv-budget" in capsys.readouterr().err
     assert main([*common, "--predictor", "oracle"]) == 2
     assert "--predictor 'oracle'" in capsys.readouterr().err
     assert main([*common, "--warm-rollouts", "-1"]) == 2

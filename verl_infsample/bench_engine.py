@@ -42,6 +42,8 @@ def add_bench_engine_parser(sub) -> None:
     p.add_argument("--group-size", type=int, default=64, help="G")
     p.add_argument("--slots", type=int, default=8, help="M")
     p.add_argument("--kv-budget", type=int, help="run our policies under a KV budget (tokens) instead of M slots")
+    p.add_argument("--max-running", type=int,
+                   help="with --kv-budget: also cap the samples decoding at once (as vLLM's max_num_seqs does)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--policy", action="append", help="policies (repeat or comma-separate; default: all ours + hf-*)")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -78,9 +80,13 @@ def cmd_bench_engine(args) -> int:
         raise ValueError(f"--warm-rollouts must be >= 0, got {args.warm_rollouts}")
     if args.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.max_running is not None and (args.kv_budget is None or args.max_running < 1):
+        raise ValueError(f"--max-running {args.max_running}: give it with --kv-budget, and at least 1 (without a "
+                         "budget --slots caps the samples decoding at once)")
     rows, timelines = run_engine_bench(
         model_dir=args.model, prompts=args.prompts, group_size=args.group_size, slots=args.slots,
-        kv_budget=args.kv_budget, max_new_tokens=args.max_new_tokens, policies=names, seed=args.seed,
+        kv_budget=args.kv_budget, max_running=args.max_running, max_new_tokens=args.max_new_tokens,
+        policies=names, seed=args.seed,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, threads=args.threads,
         predictor=args.predictor, warm_rollouts=args.warm_rollouts, repeat=args.repeat)
     if args.json:
@@ -151,9 +157,10 @@ def warm_on_recorded(predictor, rec: dict):
     return predictor
 
 
-def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_new_tokens=128,
-                     policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0, temperature=1.0,
-                     top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None, repeat=1):
+def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_running=None,
+                     max_new_tokens=128, policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0,
+                     temperature=1.0, top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None,
+                     repeat=1):
     import copy
 
     import torch
@@ -165,7 +172,7 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
     engine, prompt_ids, params, tokenizer = bench_workload(
         model_dir=model_dir, prompts=prompts, seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
         max_new_tokens=max_new_tokens)
-    capacity = KVBudget(kv_budget) if kv_budget else SlotPool(slots)
+    capacity = KVBudget(kv_budget, max_running=max_running) if kv_budget else SlotPool(slots)
     ours = [p for p in policies if p in POLICIES]
     warm = make_predictor(predictor, max_len=max_new_tokens)
     if warm_rollouts is None:
