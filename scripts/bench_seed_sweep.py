@@ -7,7 +7,12 @@ simulator takes the engine's decisions on the same lengths) and reports the step
 with ``history``, and ``oracle``, per seed and in total. ``--quantile Q`` adds ``infinite`` planning on the Q quantile
 of each prompt's earlier lengths instead of their mean (groups likelier to run long kept out of the tail).
 
-    python scripts/bench_seed_sweep.py [--seeds 12] [--slots 8] [--quantile 0.9] [--json]
+``--kv-share F`` asks issue 3's two M=8 goals together: the same lengths also run under a KV budget of F times
+``full``'s peak (the engine's whole blocks: ``full_peak_blocks``) with at most M samples decoding, as ``infinite``
+(``history``), ``plain`` and ``oracle`` (``kv:`` columns), and with ``--noise SIGMA`` as ``infinite`` on the true
+lengths times lognormal(0, SIGMA) errors (``kv:noisy:SIGMA``): how good predictions must be for both goals at once.
+
+    python scripts/bench_seed_sweep.py [--seeds 12] [--slots 8] [--quantile 0.9] [--kv-share 0.2 --noise 0.05] [--json]
 """
 
 import argparse
@@ -17,7 +22,7 @@ import numpy as np
 
 from verl_infsample.bench_engine import recorded_lengths, warm_on_recorded
 from verl_infsample.cli import _progress, format_table
-from verl_infsample.core import SlotPool
+from verl_infsample.core import KVBudget, SlotPool
 from verl_infsample.core.predictor import HistoryPredictor, make_predictor
 from verl_infsample.core.trace import TracePrompt
 from verl_infsample.engines import simulate
@@ -50,6 +55,34 @@ def replay(rec: dict, slots: int, max_new_tokens: int, quantiles=()) -> dict[str
     return steps
 
 
+def full_peak_blocks(rec: dict, block_size: int = 16) -> int:
+    """``full``'s peak KV on the engine, in blocks: one group at a time, every sample at once; at the step that feeds
+    a sample's t-th token the samples longer than t hold ceil(t / block) blocks each, plus the prompt's."""
+    peak = 0
+    for prompt_len, lengths in zip(rec["prompt_lens"], rec["this"]):
+        prompt = -(-prompt_len // block_size)
+        for t in range(max(lengths)):
+            peak = max(peak, prompt + sum(n > t for n in lengths) * -(-t // block_size))
+    return peak
+
+
+def replay_under_budget(rec: dict, share: float, slots: int, max_new_tokens: int, noise=(),
+                        block_size: int = 16) -> dict[str, int]:
+    """Decode steps under a KV budget of ``share`` x ``full``'s peak (whole blocks) with at most ``slots`` samples
+    decoding: ``infinite`` (``history``), ``plain``, ``oracle``, and ``infinite`` on noisy true lengths."""
+    trace = [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
+    budget = KVBudget(int(share * full_peak_blocks(rec, block_size)) * block_size, block_size, max_running=slots)
+    runs = {"kv:infinite": ("infinite", "history"), "kv:plain": ("plain", "none"), "kv:oracle": ("oracle", "oracle"),
+            **{f"kv:noisy:{sigma:g}": ("infinite", f"noisy:{sigma:g}") for sigma in noise}}
+    steps = {}
+    for name, (policy, spec) in runs.items():
+        predictor = make_predictor(spec, max_len=max_new_tokens)
+        if isinstance(predictor, HistoryPredictor):
+            warm_on_recorded(predictor, rec)
+        steps[name] = simulate(trace, policy, budget, predictor, max_len=max_new_tokens).decode_steps
+    return steps
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=12)
@@ -58,15 +91,28 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--quantile", type=float, action="append", default=[])
+    p.add_argument("--kv-share", type=float, help="also replay under a KV budget of this share of full's peak, with "
+                   "at most --slots samples decoding (issue 3: 0.2)")
+    p.add_argument("--noise", type=float, action="append", default=[],
+                   help="with --kv-share: also infinite on the true lengths times lognormal(0, SIGMA) errors")
     p.add_argument("--model", help="HF checkpoint folder (default: the project's tiny model)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.noise and args.kv_share is None:
+        p.error("--noise needs --kv-share (it measures predictions under the budget)")
+    if args.kv_share is not None and not 0 < args.kv_share <= 1:
+        p.error(f"--kv-share must be in (0, 1], got {args.kv_share}")
     rows = []
     for seed in _progress(range(args.seeds), "seeds"):
         rec = recorded_lengths(seed, args.prompts, args.group_size, args.max_new_tokens, args.model)
-        rows.append({"seed": seed, **replay(rec, args.slots, args.max_new_tokens, args.quantile)})
+        row = {"seed": seed, **replay(rec, args.slots, args.max_new_tokens, args.quantile)}
+        if args.kv_share is not None:
+            row.update(replay_under_budget(rec, args.kv_share, args.slots, args.max_new_tokens, args.noise))
+        rows.append(row)
     names = [k for k in rows[0] if k != "seed"]
+    wins = {k: sum(r[k] < r["continuous"] for r in rows) for k in names}  # issue 3: fewer steps than continuous
     rows.append({"seed": "total", **{k: sum(r[k] for r in rows) for k in names}})
+    rows.append({"seed": "seeds < continuous", **wins})
     print(json.dumps(rows, indent=1) if args.json else format_table(rows, ["seed", *names]))
 
 

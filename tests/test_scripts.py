@@ -138,6 +138,27 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
     assert predictor.predict(Group("p", 5, 5), None) == pytest.approx(21.2)  # 8 + 0.6 x (30 - 8): linear
 
 
+def test_the_bench_seed_sweep_budget_is_a_share_of_the_engines_full_peak():
+    """``--kv-share``: ``full_peak_blocks`` is the peak the engine measures for ``full`` (so 0.2 of it is issue 3's
+    20%), and every budgeted replay (noisy lengths too) runs under it with at most M samples decoding: none takes fewer
+    steps than the slot lower bound."""
+    import math
+
+    from verl_infsample.bench_engine import bench_workload, recorded_lengths
+    from verl_infsample.core import SlotPool
+
+    module = _script("bench_seed_sweep")
+    rec = recorded_lengths(0, prompts=2, group_size=8, max_new_tokens=40)
+    engine, prompt_ids, params, _ = bench_workload(prompts=2, seed=0, max_new_tokens=40)
+    full = engine.rollout(prompt_ids, 8, params, policy="full", capacity=SlotPool(8))
+    assert [[len(o.token_ids) for o in g] for g in full.outputs] == rec["this"]
+    assert module.full_peak_blocks(rec, engine.pool.block_size) * engine.pool.bytes_per_block == full.kv.peak_in_use_bytes
+    steps = module.replay_under_budget(rec, 0.5, slots=2, max_new_tokens=40, noise=(0.1,))
+    assert set(steps) == {"kv:infinite", "kv:plain", "kv:oracle", "kv:noisy:0.1"}
+    lengths = [n for g in rec["this"] for n in g]
+    assert min(steps.values()) >= max(max(lengths), math.ceil(sum(lengths) / 2))
+
+
 def test_the_plan_benchmark_replays_kv_budget_workloads(monkeypatch, capsys):
     """scripts/bench_plan.py (docs/engine.md's plan-time figures): every workload is replayed under its budget; plans
     on exact lengths never preempt, none ends before its longest sample, and the total row adds the rows up."""
