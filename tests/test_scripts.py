@@ -152,7 +152,8 @@ def test_the_bench_seed_sweep_budget_is_a_share_of_the_engines_full_peak():
     engine, prompt_ids, params, _ = bench_workload(prompts=2, seed=0, max_new_tokens=40)
     full = engine.rollout(prompt_ids, 8, params, policy="full", capacity=SlotPool(8))
     assert [[len(o.token_ids) for o in g] for g in full.outputs] == rec["this"]
-    assert module.full_peak_blocks(rec, engine.pool.block_size) * engine.pool.bytes_per_block == full.kv.peak_in_use_bytes
+    peak = module.full_peak_blocks(rec, engine.pool.block_size)
+    assert peak * engine.pool.bytes_per_block == full.kv.peak_in_use_bytes
     steps = module.replay_under_budget(rec, 0.5, slots=2, max_new_tokens=40, noise=(0.1,))
     assert set(steps) == {"kv:infinite", "kv:plain", "kv:oracle", "kv:noisy:0.1"}
     lengths = [n for g in rec["this"] for n in g]

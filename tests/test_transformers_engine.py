@@ -349,7 +349,7 @@ def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir
     assert {k for _, k, _, _ in whole_reports} >= {4, 8}
 
 
-def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, tmp_path, capsys):
+def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, tiny_engine, tmp_path, capsys):
     """``infsample bench-engine`` (issue 3's benchmark): one JSON object per policy with the issue's fields, ours
     first (``full`` the reference), then HF ``generate``; our policies sample exactly ``full``'s tokens; the plot is
     written. ``learned`` is warmed by earlier rollouts at other seeds: the same tokens as with ``history``."""
@@ -377,6 +377,23 @@ def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, t
     assert main([*common, "--policy", "infinite", "--kv-budget", "400", "--max-running", "1"]) == 0
     capped = json.loads(capsys.readouterr().out)[0]
     assert capped["identical_to_full"] and capped["decode_steps"] >= capped["total_tokens"] == rows[1]["total_tokens"]
+
+    # --kv-share: a budget of that share of full's measured peak (whole blocks), set by full's run, which is the
+    # reference; every policy stays within it
+    assert main([*common, "--policy", "full,infinite,plain", "--kv-share", "0.5", "--max-running", "2"]) == 0
+    shared = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    block_bytes = tiny_engine.pool.bytes_per_block
+    budget_bytes = int(0.5 * shared["full"]["peak_kv_bytes"] // block_bytes) * block_bytes
+    assert 0 < shared["infinite"]["peak_kv_bytes"] <= budget_bytes < shared["full"]["peak_kv_bytes"]
+    assert shared["plain"]["peak_kv_bytes"] <= budget_bytes
+    assert all(r["identical_to_full"] for r in shared.values())
+    assert shared["infinite"]["total_tokens"] == rows[1]["total_tokens"]
+    assert main([*common, "--kv-share", "0.01"]) == 2
+    assert "--kv-share 0.01: " in (err := capsys.readouterr().err) and "raise --kv-share" in err
+    assert main([*common, "--kv-share", "0.5", "--kv-budget", "400"]) == 2
+    assert "not with --kv-budget" in capsys.readouterr().err
+    assert main([*common, "--kv-share", "0"]) == 2
+    assert "in (0, 1]" in capsys.readouterr().err
 
     assert main([*common, "--max-running", "2"]) == 2
     assert "give it with --kv-budget" in capsys.readouterr().err

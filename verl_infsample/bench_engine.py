@@ -42,6 +42,9 @@ def add_bench_engine_parser(sub) -> None:
     p.add_argument("--group-size", type=int, default=64, help="G")
     p.add_argument("--slots", type=int, default=8, help="M")
     p.add_argument("--kv-budget", type=int, help="run our policies under a KV budget (tokens) instead of M slots")
+    p.add_argument("--kv-share", type=float,
+                   help="instead of --kv-budget: a budget of this share of full's measured peak KV, in whole blocks "
+                        "(issue 3's 20%%: 0.2); full runs first and sets it")
     p.add_argument("--max-running", type=int,
                    help="with --kv-budget: also cap the samples decoding at once (as vLLM's max_num_seqs does)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -80,12 +83,16 @@ def cmd_bench_engine(args) -> int:
         raise ValueError(f"--warm-rollouts must be >= 0, got {args.warm_rollouts}")
     if args.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.max_running is not None and (args.kv_budget is None or args.max_running < 1):
-        raise ValueError(f"--max-running {args.max_running}: give it with --kv-budget, and at least 1 (without a "
-                         "budget --slots caps the samples decoding at once)")
+    if args.kv_share is not None and (args.kv_budget is not None or not 0 < args.kv_share <= 1):
+        raise ValueError(f"--kv-share {args.kv_share}: give a share in (0, 1] of full's peak KV, and not with "
+                         "--kv-budget (which gives the budget in tokens)")
+    if args.max_running is not None and ((args.kv_budget is None and args.kv_share is None) or args.max_running < 1):
+        raise ValueError(f"--max-running {args.max_running}: give it with --kv-budget or --kv-share, and at least 1 "
+                         "(without a budget --slots caps the samples decoding at once)")
     rows, timelines = run_engine_bench(
         model_dir=args.model, prompts=args.prompts, group_size=args.group_size, slots=args.slots,
-        kv_budget=args.kv_budget, max_running=args.max_running, max_new_tokens=args.max_new_tokens,
+        kv_budget=args.kv_budget, kv_share=args.kv_share, max_running=args.max_running,
+        max_new_tokens=args.max_new_tokens,
         policies=names, seed=args.seed,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, threads=args.threads,
         predictor=args.predictor, warm_rollouts=args.warm_rollouts, repeat=args.repeat)
@@ -160,7 +167,9 @@ def warm_on_recorded(predictor, rec: dict):
 def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_budget=None, max_running=None,
                      max_new_tokens=128, policies=("full", "naive", "continuous", "infinite", "hf-micro"), seed=0,
                      temperature=1.0, top_p=1.0, top_k=-1, threads=None, predictor="history", warm_rollouts=None,
-                     repeat=1):
+                     repeat=1, kv_share=None):
+    """``kv_share``: instead of ``kv_budget``, a budget of that share of ``full``'s measured peak KV in whole blocks
+    (``full`` runs first, before the predictor's warming rollouts, and is the first round's ``full``)."""
     import copy
 
     import torch
@@ -172,6 +181,17 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
     engine, prompt_ids, params, tokenizer = bench_workload(
         model_dir=model_dir, prompts=prompts, seed=seed, temperature=temperature, top_p=top_p, top_k=top_k,
         max_new_tokens=max_new_tokens)
+    first_full = None
+    if kv_share is not None:
+        first_full = engine.rollout(prompt_ids, group_size, params, policy="full", capacity=SlotPool(group_size))
+        blocks = int(kv_share * first_full.kv.peak_in_use_bytes // engine.pool.bytes_per_block)
+        kv_budget = blocks * engine.pool.block_size
+        print(f"bench-engine: --kv-share {kv_share:g} of full's peak ({first_full.kv.peak_in_use_bytes} bytes): a "
+              f"{kv_budget}-token KV budget", file=sys.stderr)
+        try:
+            KVBudget(max(kv_budget, 1), engine.pool.block_size).check_fits(max(map(len, prompt_ids)), max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"--kv-share {kv_share:g}: {e}; raise --kv-share") from None
     capacity = KVBudget(kv_budget, max_running=max_running) if kv_budget else SlotPool(slots)
     ours = [p for p in policies if p in POLICIES]
     warm = make_predictor(predictor, max_len=max_new_tokens)
@@ -194,8 +214,11 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
                                           pad_token_id=tokenizer.pad_token_id or 0))
             continue
         cap = SlotPool(group_size) if name == "full" else capacity
-        res = engine.rollout(prompt_ids, group_size, params, policy=name, capacity=cap, predictor=copy.deepcopy(warm),
-                             true_lengths=true_lengths if name == "oracle" else None)
+        if name == "full" and first_full is not None:  # (the run that set the budget)
+            res, first_full = first_full, None
+        else:
+            res = engine.rollout(prompt_ids, group_size, params, policy=name, capacity=cap,
+                                 predictor=copy.deepcopy(warm), true_lengths=true_lengths if name == "oracle" else None)
         tokens = [[o.token_ids for o in g] for g in res.outputs]
         if reference is None:  # (full, first round)
             reference, true_lengths = tokens, [[len(t) for t in g] for g in tokens]
