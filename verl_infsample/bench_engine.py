@@ -46,7 +46,8 @@ def add_bench_engine_parser(sub) -> None:
                    help="instead of --kv-budget: a budget of this share of full's measured peak KV, in whole blocks "
                         "(issue 3's 20%%: 0.2); full runs first and sets it")
     p.add_argument("--max-running", type=int,
-                   help="with --kv-budget: also cap the samples decoding at once (as vLLM's max_num_seqs does)")
+                   help="with --kv-budget or --kv-share: also cap the samples decoding at once (as vLLM's "
+                        "max_num_seqs does)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--policy", action="append", help="policies (repeat or comma-separate; default: all ours + hf-*)")
     p.add_argument("--temperature", type=float, default=1.0)
