@@ -14,11 +14,10 @@ alternated, not one against a figure from another day.
 import argparse
 import json
 
-from verl_infsample.bench_engine import recorded_lengths, warm_on_recorded
+from verl_infsample.bench_engine import recorded_lengths, recorded_trace, warm_on_recorded
 from verl_infsample.cli import _progress, format_table
 from verl_infsample.core import KVBudget, PagedKVBudget, make_predictor, synth_trace
 from verl_infsample.core.predictor import HistoryPredictor
-from verl_infsample.core.trace import TracePrompt
 from verl_infsample.engines import simulate
 
 BENCH_BUDGET = 528  # tokens: docs/engine.md's KV-budget run of bench-engine
@@ -29,7 +28,7 @@ def workloads(seeds: int, synthetic: int, model_dir=None):
     """(name, trace, capacity, max_len, policy, predictor factory) for every workload, in a fixed order."""
     for seed in range(seeds):
         rec = recorded_lengths(seed, max_new_tokens=BENCH_MAX_NEW_TOKENS, model_dir=model_dir)
-        trace = [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
+        trace = recorded_trace(rec)
         budget = KVBudget(BENCH_BUDGET)
         yield f"bench seed {seed}, exact", trace, budget, BENCH_MAX_NEW_TOKENS, "oracle", lambda: "oracle"
         yield (f"bench seed {seed}, history", trace, budget, BENCH_MAX_NEW_TOKENS, "infinite",

@@ -20,11 +20,10 @@ import json
 
 import numpy as np
 
-from verl_infsample.bench_engine import recorded_lengths, warm_on_recorded
+from verl_infsample.bench_engine import recorded_lengths, recorded_trace, warm_on_recorded
 from verl_infsample.cli import _progress, format_table
 from verl_infsample.core import KVBudget, SlotPool
 from verl_infsample.core.predictor import HistoryPredictor, make_predictor
-from verl_infsample.core.trace import TracePrompt
 from verl_infsample.engines import simulate
 
 
@@ -42,7 +41,7 @@ class QuantileHistory(HistoryPredictor):
 
 def replay(rec: dict, slots: int, max_new_tokens: int, quantiles=()) -> dict[str, int]:
     """Decode steps of each policy on one seed's lengths (``history`` warmed by the earlier rollout's)."""
-    trace = [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
+    trace = recorded_trace(rec)
     runs = {"continuous": ("continuous", make_predictor("none", max_len=max_new_tokens)),
             "infinite": ("infinite", HistoryPredictor(max_new_tokens)),
             **{f"infinite-q{q:g}": ("infinite", QuantileHistory(max_new_tokens, q)) for q in quantiles},
@@ -70,7 +69,7 @@ def replay_under_budget(rec: dict, share: float, slots: int, max_new_tokens: int
                         block_size: int = 16) -> dict[str, int]:
     """Decode steps under a KV budget of ``share`` x ``full``'s peak (whole blocks) with at most ``slots`` samples
     decoding: ``infinite`` (``history``), ``plain``, ``oracle``, and ``infinite`` on noisy true lengths."""
-    trace = [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
+    trace = recorded_trace(rec)
     budget = KVBudget(int(share * full_peak_blocks(rec, block_size)) * block_size, block_size, max_running=slots)
     runs = {"kv:infinite": ("infinite", "history"), "kv:plain": ("plain", "none"), "kv:oracle": ("oracle", "oracle"),
             **{f"kv:noisy:{sigma:g}": ("infinite", f"noisy:{sigma:g}") for sigma in noise}}

@@ -93,8 +93,7 @@ def cmd_bench_engine(args) -> int:
     rows, timelines = run_engine_bench(
         model_dir=args.model, prompts=args.prompts, group_size=args.group_size, slots=args.slots,
         kv_budget=args.kv_budget, kv_share=args.kv_share, max_running=args.max_running,
-        max_new_tokens=args.max_new_tokens,
-        policies=names, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, policies=names, seed=args.seed,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, threads=args.threads,
         predictor=args.predictor, warm_rollouts=args.warm_rollouts, repeat=args.repeat)
     if args.json:
@@ -152,6 +151,13 @@ def recorded_lengths(seed: int, prompts: int = 4, group_size: int = 64, max_new_
             for tag, p in (("this", params), ("warm", earlier_params(params, 0)))}
     return {"prompt_lens": [len(p) for p in prompt_ids],
             **{tag: [[len(o.token_ids) for o in g] for g in run.outputs] for tag, run in runs.items()}}
+
+
+def recorded_trace(rec: dict) -> list:
+    """The lengths of ``recorded_lengths`` at the bench's seed as a simulator trace (one ``TracePrompt`` per prompt)."""
+    from .core.trace import TracePrompt
+
+    return [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
 
 
 def warm_on_recorded(predictor, rec: dict):
