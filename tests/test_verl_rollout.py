@@ -34,7 +34,7 @@ def compose(*overrides):
     ("actor_rollout_ref.rollout.custom.kv_budget=100", "custom.kv_budget=100: too small for one prompt plus one"),
     ("actor_rollout_ref.rollout.custom.slots=0", "custom.slots=0: must be an integer >= 1"),
     ("actor_rollout_ref.rollout.custom.engine=sglang",
-     "custom.engine='sglang': unknown engine; choose one of: transformers, vllm"),
+     "custom.engine='sglang': unknown engine; choose one of: auto, transformers, vllm"),
 ])
 def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message):
     import verl.utils.config as verl_config
@@ -51,23 +51,33 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
     assert not ray.is_initialized()
 
 
-def test_engine_setting_defaults_to_transformers_and_vllm_without_vllm_says_what_to_install(tiny_model_dir):
-    """custom.engine picks the server's engine (build_engine); verl's environment has no vLLM, so asking for it stops
-    the server at construction with the install hint, before any model is loaded."""
-    import importlib.util
+def test_the_engine_follows_the_hardware():
+    """custom.engine=auto: vLLM where the server has a GPU and vLLM, the transformers engine elsewhere; its dtype is
+    verl's rollout.dtype on a GPU, float32 on the CPU; explicit choices stand."""
+    from verl_infsample.settings import choose_dtype, choose_engine, settings_from_rollout
 
-    from verl_infsample.settings import settings_from_rollout
+    assert settings_from_rollout(compose().actor_rollout_ref.rollout).engine == "auto"
+    assert choose_engine("auto", cuda=True, vllm_installed=True) == "vllm"
+    assert choose_engine("auto", cuda=True, vllm_installed=False) == "transformers"
+    assert choose_engine("auto", cuda=False, vllm_installed=True) == "transformers"
+    assert choose_engine("transformers", cuda=True, vllm_installed=True) == "transformers"
+    assert choose_engine("vllm", cuda=False, vllm_installed=True) == "vllm"
+    assert choose_dtype("auto", device="cuda", rollout_dtype="bfloat16") == "bfloat16"
+    assert choose_dtype("auto", device="cuda", rollout_dtype="fp16") == "float16"
+    assert choose_dtype("auto", device="cpu", rollout_dtype="bfloat16") == "float32"
+    assert choose_dtype("bfloat16", device="cpu", rollout_dtype=None) == "bfloat16"
+
+
+def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_float32(tiny_model_dir):
+    import torch
+
+    from verl_infsample.engines.transformers_engine import TransformersEngine
     from verl_infsample.verl_rollout.server import InfiniteServer
 
-    assert settings_from_rollout(compose().actor_rollout_ref.rollout).engine == "transformers"
-    rollout = compose("actor_rollout_ref.rollout.custom.engine=vllm", "actor_rollout_ref.rollout.custom.slots=null",
-                      "actor_rollout_ref.rollout.response_length=32").actor_rollout_ref.rollout
-    assert settings_from_rollout(rollout).engine == "vllm"
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed in this environment")
-    with pytest.raises(ImportError, match="pip install vllm") as err:
-        InfiniteServer(rollout, {"path": tiny_model_dir})
-    assert "make setup-vllm" in str(err.value)
+    server = InfiniteServer(compose().actor_rollout_ref.rollout, {"path": tiny_model_dir})
+    assert isinstance(server.engine, TransformersEngine)
+    param = next(server.engine.model.parameters())
+    assert (param.device.type, param.dtype) == ("cpu", torch.float32)
 
 
 class _SleepModeEngineFake:

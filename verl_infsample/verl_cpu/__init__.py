@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 ENV_OPT_IN = "VERL_INFSAMPLE_CPU"
 PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
-PATCH_GLOB = "verl_cpu_*.py"
+VERL_PATCHES = "verl_cpu_*.py"  # applied by activate(), when verl imports each target
+VLLM_PATCHES = "vllm_cpu_*.py"  # applied by verl_infsample.vllm_plugin, in every vLLM process
 
 _active = False
 
@@ -42,12 +43,12 @@ def opted_in(environ=None) -> bool:
     return flag or env.get("VERL_PLATFORM", "").strip().lower() == "cpu"
 
 
-def load_patches() -> list[ModuleType]:
-    """The patch modules, loaded from their files (``patches/`` is not an installed package)."""
+def load_patches(pattern: str = VERL_PATCHES) -> list[ModuleType]:
+    """The patch modules matching ``pattern``, loaded from their files (``patches/`` is not an installed package)."""
     if not PATCHES_DIR.is_dir():
         raise RuntimeError(f"{ENV_OPT_IN}: the CPU patches are not at {PATCHES_DIR}; run from a source checkout")
     mods = []
-    for path in sorted(PATCHES_DIR.glob(PATCH_GLOB)):
+    for path in sorted(PATCHES_DIR.glob(pattern)):
         name = f"verl_infsample_patches.{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
@@ -96,18 +97,25 @@ def _register_fsdp_engines(module) -> None:
         EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(cls)
 
 
-def _applying(patch):
-    """``patch.apply(module)``, after checking that verl's patched code is still the code the patch was written for."""
+class PatchMismatch(RuntimeError):
+    """A patch's target is not the code the patch was written for (another verl or vLLM version)."""
+
+
+def applying(patch):
+    """``patch.apply(module)``, once the patched code is checked to be the code the patch was written for; on another
+    version it refuses, naming the patch file and its target."""
 
     def apply(module) -> None:
         try:
             _, target = resolve(patch.TARGET)
-            changed = source_sha256(target) != patch.VERL_SOURCE_SHA256
-        except (AttributeError, OSError, TypeError):
-            changed = True
-        if changed:
-            logger.warning("verl-infsample: %s changed since verl 0.9.1; the CPU patch %s may no longer fit it",
-                           patch.TARGET, Path(patch.__file__).name)
+            found = source_sha256(target)
+        except (AttributeError, OSError, TypeError) as e:
+            found = f"unreadable ({e})"
+        if found != patch.SOURCE_SHA256:
+            raise PatchMismatch(
+                f"patches/{Path(patch.__file__).name}: {patch.TARGET} is not the code this patch was written for "
+                f"(sha256 {found}, expected {patch.SOURCE_SHA256}); install the pinned version (the Makefile) or "
+                f"re-read the patch against this code, or run without {ENV_OPT_IN}")
         patch.apply(module)
 
     return apply
@@ -125,7 +133,7 @@ def activate() -> None:
 
     _register_platform()
     for patch in load_patches():
-        when_imported(patch.TARGET.partition(":")[0], _applying(patch))
+        when_imported(patch.TARGET.partition(":")[0], applying(patch))
     when_imported("verl.workers.engine.fsdp.transformer_impl", _register_fsdp_engines)
     _active = True
     logger.info("verl-infsample: verl runs on the CPU (platform 'cpu', patches from %s)", PATCHES_DIR)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
-from ..settings import settings_from_rollout
 from .server import InfiniteServer
 
 
@@ -78,7 +77,8 @@ class InfiniteReplica(RolloutReplica):
             env.update(platform.rollout_env_vars())
             if placement.device_ids:
                 kwargs["visible_devices"] = (get_visible_devices_keyword(), ",".join(placement.device_ids))
-        elif settings_from_rollout(self.config).engine == "vllm":  # standalone: the server holds its GPUs itself
+        elif platform.device_name != "cpu" and ray.cluster_resources().get(platform.ray_resource_name(), 0) > 0:
+            # standalone on accelerators: the server holds its replica's GPUs itself, and either engine decodes on them
             options.update(platform.ray_resource_options(self.world_size))
         server = ray.remote(InfiniteServer).options(**options, runtime_env={"env_vars": env}).remote(
             config=self.config, model_config=self.model_config, replica_rank=self.replica_rank, **kwargs)

@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..settings import ENGINES, config_value, settings_from_rollout
+from ..settings import ENGINES, choose_dtype, choose_engine, config_value, settings_from_rollout
 
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what an engine's sleep mode frees (vLLM's wake_up tags)
@@ -410,19 +410,28 @@ def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
 
 def build_engine(settings, rollout, model_path: str):
     """The server's decode engine, by ``custom.engine`` (imported here, lazily: vLLM only when asked for; without it
-    ``VLLMEngine`` raises an ImportError that says what to install). ``vllm`` takes its sizes from verl's rollout
-    config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``, ``max_model_len``
-    (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``, ``dtype``, ``seed``,
-    ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus ``engine_kwargs.vllm``;
-    prefix caching is always on (a group's samples share their prompt's KV blocks)."""
-    if settings.engine == "transformers":
-        import torch
+    ``VLLMEngine`` raises an ImportError that says what to install). ``auto`` follows the hardware
+    (``settings.choose_engine``): vLLM with a GPU and vLLM present, else the transformers engine, which runs on the
+    replica's device (the server sees its workers' GPUs) in ``settings.choose_dtype``'s dtype. ``vllm`` takes its
+    sizes from verl's rollout config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``,
+    ``max_model_len`` (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``,
+    ``dtype``, ``seed``, ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus
+    ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
+    import importlib.util
 
+    import torch
+
+    cuda = torch.cuda.is_available()
+    engine = choose_engine(settings.engine, cuda=cuda, vllm_installed=importlib.util.find_spec("vllm") is not None)
+    if engine == "transformers":
         from ..engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, settings.dtype),
+        device = "cuda" if cuda else "cpu"
+        dtype = choose_dtype(settings.dtype, device=device, rollout_dtype=config_value(rollout, "dtype"))
+        logger.info("build_engine: transformers engine on %s in %s", device, dtype)
+        return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, dtype), device=device,
                                                   block_size=settings.block_size)
-    if settings.engine == "vllm":
+    if engine == "vllm":
         from ..engines.vllm_engine import VLLMEngine
 
         max_model_len = config_value(rollout, "max_model_len") or (

