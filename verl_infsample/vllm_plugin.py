@@ -15,13 +15,10 @@ _loaded = False
 
 def load() -> None:
     global _loaded
-    from .verl_cpu import VLLM_PATCHES, applying, load_patches, opted_in
+    from .verl_cpu import VLLM_PATCHES, arm_patches, opted_in
 
     if _loaded or not opted_in():
         return
-    from .import_hooks import when_imported
-
-    for patch in load_patches(VLLM_PATCHES):
-        when_imported(patch.TARGET.partition(":")[0], applying(patch))
+    arm_patches(VLLM_PATCHES)
     _loaded = True
     logger.info("verl-infsample: vLLM CPU patches armed (%s)", VLLM_PATCHES)

@@ -121,6 +121,14 @@ def applying(patch):
     return apply
 
 
+def arm_patches(pattern: str) -> None:
+    """Apply each patch matching ``pattern`` right after its target module is imported (at once if it already is)."""
+    from ..import_hooks import when_imported
+
+    for patch in load_patches(pattern):
+        when_imported(patch.TARGET.partition(":")[0], applying(patch))
+
+
 def activate() -> None:
     """Make verl run on the CPU in this process (idempotent). Call only on opt-in."""
     global _active
@@ -132,8 +140,7 @@ def activate() -> None:
     from ..import_hooks import when_imported
 
     _register_platform()
-    for patch in load_patches():
-        when_imported(patch.TARGET.partition(":")[0], applying(patch))
+    arm_patches(VERL_PATCHES)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _register_fsdp_engines)
     _active = True
     logger.info("verl-infsample: verl runs on the CPU (platform 'cpu', patches from %s)", PATCHES_DIR)
