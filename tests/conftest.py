@@ -1,30 +1,18 @@
 """Shared fixtures. No ``__init__.py`` here: verl's wheel installs a top-level ``tests`` package we must not shadow."""
 
-import os
-
 import numpy as np
 import pytest
-
-SHM = "/dev/shm"
-LEFT_BEHIND = ("psm_", "sem.mp-")  # torch's shared-memory segments (vLLM's CPU executor), multiprocessing semaphores
-
-
-def _shm() -> set[str]:
-    return set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_shared_memory_left_behind():
     """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
-    in /dev/shm; the session removes the ones it created, once every child has ended."""
-    before = _shm()
+    in /dev/shm; the session removes the ones it created (``verl_cpu.shm``), once every child has ended."""
+    from verl_infsample.verl_cpu import shm
+
+    before = shm.listing()
     yield
-    for name in _shm() - before:
-        if name.startswith(LEFT_BEHIND):
-            try:
-                os.unlink(os.path.join(SHM, name))
-            except OSError:
-                pass
+    shm.remove_left_behind(before, wait_s=15.0)
 
 
 @pytest.fixture(scope="session", autouse=True)

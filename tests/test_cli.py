@@ -73,3 +73,25 @@ def test_core_imports_without_torch_ray_or_verl():
             "bad = [m for m in ('torch', 'ray', 'verl', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path):
+    from verl_infsample.bench_verl import VerlBenchRow, with_ratios
+    from verl_infsample.plots import plot_bench_verl
+
+    def row(backend, n, gen_s, steps):
+        return VerlBenchRow(backend=backend, n=n, prompts=128 // n, samples=128, gen_s=gen_s, engine_steps=steps,
+                            preemptions=0, tokens_computed=1, generated_tokens=1, cached_prompt_tokens=0,
+                            peak_kv_blocks=1, kv_blocks=24, kv_block_size=128, verl_gen_s=1.0)
+
+    rows = with_ratios([row("vllm", 16, 4.0, 200), row("infinite", 16, 3.0, 150), row("infinite", 64, 1.0, 10)])
+    assert (rows[0].gen_s_vs_vllm, rows[0].steps_vs_vllm) == (1.0, 1.0)
+    assert (rows[1].gen_s_vs_vllm, rows[1].steps_vs_vllm) == (0.75, 0.75)
+    assert rows[2].gen_s_vs_vllm is None  # no baseline at n=64 in this run: no ratio
+    plot_bench_verl([vars(r) for r in rows], str(tmp_path / "b.png"))
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_bench_verl_refuses_bad_sizes(capsys):
+    assert main(["bench-verl", "--n", "0"]) == 2
+    assert "--n, --steps, --slots and --kv-blocks must be >= 1" in capsys.readouterr().err

@@ -20,6 +20,40 @@ def test_entry_point_registers_without_any_import_of_ours():
     assert out.stdout.split() == ["InfiniteRolloutAdapter", "InfiniteReplica"]
 
 
+def test_on_vllm_the_infinite_replica_is_verls_vllm_replica_with_our_server(tiny_model_dir):
+    """custom.engine=vllm: verl's vLLM replica and server (weight transfer, sleep, TP/DP layout) with our scheduling,
+    named as verl's worker-side ServerAdapter looks them up for rollout.name=infinite; the transformers engine keeps
+    one InfiniteServer per replica and refuses a data-parallel layout by name."""
+    code = f"""
+import verl
+from hydra import compose, initialize_config_dir
+from verl.workers.rollout.replica import get_rollout_replica_class
+with initialize_config_dir(config_dir={CONFIGS!r}, version_base=None):
+    def cfg(*o):
+        c = compose(config_name="infinite_grpo", overrides=["actor_rollout_ref.model.path={tiny_model_dir}", *o])
+        return dict(replica_rank=0, config=c.actor_rollout_ref.rollout, model_config=c.actor_rollout_ref.model,
+                    gpus_per_node=1)
+    cls = get_rollout_replica_class("infinite")
+    on_vllm = cls(**cfg("actor_rollout_ref.rollout.custom.engine=vllm"))
+    server = on_vllm.server_class.__ray_metadata__.modified_class
+    print(type(on_vllm).__name__, type(on_vllm).__mro__[1].__name__, on_vllm._get_server_name_prefix(),
+          *[c.__name__ for c in server.__mro__[1:3]])
+    print(type(cls(**cfg("actor_rollout_ref.rollout.custom.engine=transformers"))).__name__,
+          type(cls(**cfg())).__name__)
+    try:
+        cls(**cfg("actor_rollout_ref.rollout.custom.engine=transformers", "actor_rollout_ref.rollout.data_parallel_size=2"))
+    except ValueError as e:
+        print("refused:", str(e).split(":")[0])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == ["InfiniteVLLMReplica", "vLLMReplica", "infinite_", "InfiniteVLLMServer",
+                                "vLLMHttpServer"]
+    assert lines[1] == "InfiniteReplica InfiniteReplica"  # auto on a machine without accelerators: transformers
+    assert lines[2] == "refused: actor_rollout_ref.rollout.data_parallel_size=2"
+
+
 def compose(*overrides):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -51,17 +85,31 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("custom, message", [
+    ({"policy": "naive"}, "custom.policy='naive': a round-based policy, which vLLM's continuous batching does not run"),
+    ({"kv_budget": 4096}, "custom.kv_budget=4096: on vLLM the KV pool is vLLM's own"),
+    ({"predictor": "learned:k=8"}, "custom.predictor='learned:k=8': reads a sample's first tokens"),
+])
+def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
+    from verl_infsample.settings import InfiniteRolloutSettings, SettingsError, vllm_ordering
+
+    assert vllm_ordering(InfiniteRolloutSettings(engine="vllm")) == "longest_first"
+    assert vllm_ordering(InfiniteRolloutSettings(engine="vllm", policy="plain")) == "arrival"
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        vllm_ordering(InfiniteRolloutSettings(engine="vllm", **custom))
+
+
 def test_the_engine_follows_the_hardware():
     """custom.engine=auto: vLLM where the server has a GPU and vLLM, the transformers engine elsewhere; its dtype is
     verl's rollout.dtype on a GPU, float32 on the CPU; explicit choices stand."""
     from verl_infsample.settings import choose_dtype, choose_engine, settings_from_rollout
 
     assert settings_from_rollout(compose().actor_rollout_ref.rollout).engine == "auto"
-    assert choose_engine("auto", cuda=True, vllm_installed=True) == "vllm"
-    assert choose_engine("auto", cuda=True, vllm_installed=False) == "transformers"
-    assert choose_engine("auto", cuda=False, vllm_installed=True) == "transformers"
-    assert choose_engine("transformers", cuda=True, vllm_installed=True) == "transformers"
-    assert choose_engine("vllm", cuda=False, vllm_installed=True) == "vllm"
+    assert choose_engine("auto", accelerator=True, vllm_installed=True) == "vllm"
+    assert choose_engine("auto", accelerator=True, vllm_installed=False) == "transformers"
+    assert choose_engine("auto", accelerator=False, vllm_installed=True) == "transformers"
+    assert choose_engine("transformers", accelerator=True, vllm_installed=True) == "transformers"
+    assert choose_engine("vllm", accelerator=False, vllm_installed=True) == "vllm"
     assert choose_dtype("auto", device="cuda", rollout_dtype="bfloat16") == "bfloat16"
     assert choose_dtype("auto", device="cuda", rollout_dtype="fp16") == "float16"
     assert choose_dtype("auto", device="cpu", rollout_dtype="bfloat16") == "float32"

@@ -46,6 +46,11 @@ def register() -> None:
     from .import_hooks import when_imported
 
     when_imported("verl.trainer.ppo.v1", _register_trainer_mode)
+    from .verl_rollout.request_seeds import seed_requests_when_asked
+    from .verl_rollout.vllm_stats import instrument_when_asked
+
+    instrument_when_asked()  # verl's own vLLM server reports the same step figures as ours (infsample bench-verl)
+    seed_requests_when_asked()  # and, for a like-for-like comparison, draws the same tokens
     if not getattr(verl_config.validate_config, "_infsample", False):
         verl_config.validate_config = _validating(verl_config.validate_config)
     _registered = True
@@ -76,9 +81,11 @@ def _validating(validate_config):
     def validate(config, *args, **kwargs):
         rollout = config.actor_rollout_ref.rollout
         if rollout.get("name") == "infinite":
-            from .settings import settings_from_rollout
+            from .settings import settings_from_rollout, vllm_ordering
 
-            settings_from_rollout(rollout)
+            settings = settings_from_rollout(rollout)
+            if settings.engine == "vllm":  # with auto, the server checks once the engine is known
+                vllm_ordering(settings)
             if rollout.get("router_config_path"):
                 _check_router_config(rollout.router_config_path)
         return validate_config(config, *args, **kwargs)

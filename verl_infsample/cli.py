@@ -2,6 +2,7 @@
 
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
+    infsample bench-verl [--n 16 --n 64 --n 256] [--json] [--plot bench_verl.png]
 
 Bad input (a malformed trace line, M < 1, a budget that fits no sample, an unknown policy) prints one clear error
 and exits with status 2, never a traceback.
@@ -61,11 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_cmd_simulate)
 
     from .bench_engine import add_bench_engine_parser
+    from .bench_verl import add_bench_verl_parser
     from .models.tiny import add_make_tiny_model_parser
     from .predict.evaluate import add_eval_predictor_parser
 
     add_make_tiny_model_parser(sub)
     add_bench_engine_parser(sub)
+    add_bench_verl_parser(sub)
     add_eval_predictor_parser(sub)
     return p
 

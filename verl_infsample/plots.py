@@ -139,3 +139,32 @@ def plot_gpu_check(report: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_bench_verl(rows: list[dict], path: str) -> None:
+    """``infsample bench-verl``: the engine's rollout time and its steps per rollout.n, one bar per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = sorted({r["n"] for r in rows})
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    by = {(r["backend"], r["n"]): r for r in rows}
+    width = 0.8 / max(1, len(backends))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "gen_s", "engine wall time of the rollout (s)"),
+                           (axes[1], "engine_steps", "engine steps")):
+        for i, b in enumerate(backends):
+            xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(ns))]
+            ax.bar(xs, [by[(b, n)][key] if (b, n) in by else 0 for n in ns], width,
+                   label="verl rollout.name=vllm" if b == "vllm" else f"rollout.name={b} (vLLM)")
+        ax.set_xticks(range(len(ns)), [f"n={n}\n{by.get((backends[0], n), {}).get('prompts', '?')} prompt(s)"
+                                       for n in ns])
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("verl's trainer on the tiny model, same prompts, max_num_seqs and vLLM KV pool")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

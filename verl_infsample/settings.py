@@ -23,9 +23,9 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class InfiniteRolloutSettings:
-    engine: str = "auto"  # auto (vllm with CUDA and vLLM present, else transformers) | transformers | vllm
+    engine: str = "auto"  # auto (vllm with accelerators and vLLM present, else transformers) | transformers | vllm
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here)
-    slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs)
+    slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs; on vllm it sets that)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
     predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned)
     fptas_eps: float = 0.02
@@ -88,12 +88,35 @@ class InfiniteRolloutSettings:
             raise bad("threads", "must be >= 1")
 
 
-def choose_engine(engine: str, *, cuda: bool, vllm_installed: bool) -> str:
-    """``custom.engine`` resolved on the server's machine: ``auto`` follows the hardware, vLLM wherever a GPU and
-    vLLM are there (verl's own rollout engine), the transformers engine elsewhere (the CPU, or no vLLM)."""
+# custom.policy -> how requests are ordered for vLLM (core.priority); full and naive are round-based, which vLLM's
+# continuous batching does not run (refilling a freed slot at once is what continuous sampling is)
+VLLM_ORDERING = {"plain": "arrival", "continuous": "group", "lpt": "longest_first", "infinite": "longest_first"}
+
+
+def vllm_ordering(settings: InfiniteRolloutSettings) -> str:
+    """The request ordering ``settings`` ask of vLLM; a setting vLLM cannot honour is refused by name."""
+    if settings.policy not in VLLM_ORDERING:
+        raise SettingsError(f"{PREFIX}.policy={settings.policy!r}: a round-based policy, which vLLM's continuous "
+                            f"batching does not run; on vLLM choose one of: {', '.join(VLLM_ORDERING)} (or "
+                            f"{PREFIX}.engine=transformers)")
+    if settings.predictor.startswith("learned"):
+        raise SettingsError(f"{PREFIX}.predictor={settings.predictor!r}: reads a sample's first tokens, and vLLM "
+                            "orders a request once, when it arrives; on vLLM choose history or none (or "
+                            f"{PREFIX}.engine=transformers)")
+    if settings.kv_budget is not None:
+        raise SettingsError(f"{PREFIX}.kv_budget={settings.kv_budget}: on vLLM the KV pool is vLLM's own; size it "
+                            "with actor_rollout_ref.rollout.gpu_memory_utilization (VLLM_CPU_KVCACHE_SPACE on the "
+                            "CPU) or +actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override, and "
+                            f"set {PREFIX}.kv_budget=null")
+    return VLLM_ORDERING[settings.policy]
+
+
+def choose_engine(engine: str, *, accelerator: bool, vllm_installed: bool) -> str:
+    """``custom.engine`` resolved: ``auto`` follows the hardware, vLLM wherever accelerators and vLLM are there
+    (verl's own rollout engine), the transformers engine elsewhere (the CPU, or no vLLM)."""
     if engine != "auto":
         return engine
-    return "vllm" if cuda and vllm_installed else "transformers"
+    return "vllm" if accelerator and vllm_installed else "transformers"
 
 
 def choose_dtype(dtype: str, *, device: str, rollout_dtype: str | None) -> str:

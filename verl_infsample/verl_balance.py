@@ -35,6 +35,7 @@ import hashlib
 import importlib
 import inspect
 import logging
+import os
 import textwrap
 
 import numpy as np
@@ -129,33 +130,43 @@ class InfiniteSyncTrainer(PPOTrainerSync):
         self.registered_trainer_mode = value
 
     def step(self, metrics: dict, timing_raw: dict):
-        """verl's step, plus the ``infsample/*`` metrics of this step's rollout from every ``InfiniteServer``.
+        """verl's step, plus the ``infsample/*`` figures of this step's rollout from every rollout server.
 
         In the sync trainer the step's rollout happens inside ``step`` (prompts are dispatched in ``prepare_step``,
         the replay buffer waits for all samples), so the servers' accumulators are emptied before (dropping what
         validation rollouts left there) and read after it."""
-        servers = self._infinite_servers()
+        servers = self._rollout_servers()
         if servers:
             import ray
 
-            ray.get([s.pop_step_metrics.remote() for s in servers])
+            ray.get([pop() for pop in servers])
         batch = super().step(metrics, timing_raw)
         if servers:
             import ray
 
             from verl_infsample.verl_rollout.server import merge_rollout_metrics
 
-            metrics.update(merge_rollout_metrics(ray.get([s.pop_step_metrics.remote() for s in servers]),
-                                                 parallel=True))
+            metrics.update(merge_rollout_metrics(ray.get([pop() for pop in servers]), parallel=True))
         return batch
 
-    def _infinite_servers(self) -> list:
-        """The server actors of ``rollout.name=infinite`` replicas (none for other backends)."""
-        if self.config.actor_rollout_ref.rollout.name != "infinite":
+    def _rollout_servers(self) -> list:
+        """For each rollout server, a call that returns its step figures: ``pop_step_metrics`` of ours
+        (``rollout.name=infinite``); of verl's vLLM servers, those ``vllm_stats`` recorded where
+        ``VERL_INFSAMPLE_VLLM_STATS=1`` instrumented them (none otherwise, nor for other backends)."""
+        from verl_infsample.verl_rollout import vllm_stats
+
+        name = self.config.actor_rollout_ref.rollout.name
+        if name == "vllm" and os.environ.get(vllm_stats.STATS_ENV) == "1":
+            def pop(server):
+                return lambda: server.__ray_call__.remote(vllm_stats.pop_step_metrics)
+        elif name == "infinite":
+            def pop(server):
+                return server.pop_step_metrics.remote
+        else:
             return []
         manager = getattr(self, "llm_server_manager", None)
         replicas = manager.get_replicas() if manager is not None else []
-        return [server for replica in replicas for server in replica.servers]
+        return [pop(server) for replica in replicas for server in replica.servers]
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         """Reorder the data on single controller such that each dp rank gets similar total workload.

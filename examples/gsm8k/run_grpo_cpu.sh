@@ -17,6 +17,6 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
 fi
 mkdir -p "$WORK_DIR"
 cd "$WORK_DIR"
-DATA_DIR="$DATA_DIR" exec bash "$HERE/run_grpo.sh" "$MODEL_PATH" "$NGPUS" "${CPU_OVERRIDES[@]}" \
+DATA_DIR="$DATA_DIR" bash "$HERE/run_grpo.sh" "$MODEL_PATH" "$NGPUS" "${CPU_OVERRIDES[@]}" \
   trainer.experiment_name=gsm8k_grpo_cpu \
   "$@"

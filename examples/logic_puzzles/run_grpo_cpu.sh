@@ -18,6 +18,6 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
 fi
 mkdir -p "$WORK_DIR"
 cd "$WORK_DIR"
-DATA_DIR="$DATA_DIR" exec bash "$HERE/run_grpo.sh" "$MODEL_PATH" "$NGPUS" "${CPU_OVERRIDES[@]}" \
+DATA_DIR="$DATA_DIR" bash "$HERE/run_grpo.sh" "$MODEL_PATH" "$NGPUS" "${CPU_OVERRIDES[@]}" \
   trainer.experiment_name=knights_knaves_grpo_cpu \
   "$@"

@@ -1,6 +1,8 @@
 """``InfiniteRolloutAdapter``: the worker-side ``BaseRollout`` verl's training workers hold.
 
-verl syncs weights every step through it: ``resume(["weights"])``, ``update_weights(generator)``, then
+On vLLM (``replica.rollout_engine``) it is verl's own vLLM ``ServerAdapter``: verl's weight transfer into the vLLM
+workers, sleep and wake-up, addressed to the ``infinite_server_*`` actors of ``vllm_server.InfiniteVLLMReplica``.
+On the transformers engine, verl syncs weights every step through it: ``resume(["weights"])``, ``update_weights(generator)``, then
 ``resume(["kv_cache"])``. Every rank must drain the generator (it all-gathers); the rank that owns a server sends the
 tensors to it over Ray in buckets, so the server decodes the next step with the new weights.
 """
@@ -13,12 +15,20 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 
-from .replica import server_name
+from .replica import rollout_engine, server_name
 
 BUCKET_BYTES = 256 << 20
 
 
 class InfiniteRolloutAdapter(BaseRollout):
+    def __new__(cls, config, model_config, device_mesh=None, *args, replica_rank: int | None = None, **kwargs):
+        if cls is InfiniteRolloutAdapter and rollout_engine(config) == "vllm":
+            from verl.workers.rollout.vllm_rollout import ServerAdapter
+
+            return ServerAdapter(config, model_config, device_mesh, replica_rank=-1 if replica_rank is None
+                                 else replica_rank)
+        return super().__new__(cls)
+
     def __init__(self, config, model_config, device_mesh=None, *args, replica_rank: int | None = None, **kwargs):
         super().__init__(config, model_config, device_mesh)
         if replica_rank is None:  # hybrid mode: one replica per tensor-parallel group of ranks (tp=1: one per rank)

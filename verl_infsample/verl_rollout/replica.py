@@ -42,7 +42,47 @@ class WorkerPlacement:
         return cls(nodes[0], ids if len(ids) == len(workers) else ())
 
 
+def rollout_engine(config) -> str:
+    """The engine ``rollout.name=infinite`` decodes with, the same answer on the driver and on every worker:
+    ``custom.engine``, where ``auto`` is vLLM when the cluster has the platform's accelerators and vLLM is installed
+    (``settings.choose_engine``), else the transformers engine."""
+    import importlib.util
+
+    from verl.plugin.platform import get_platform
+
+    from ..settings import choose_engine, settings_from_rollout
+
+    engine = settings_from_rollout(config).engine
+    if engine != "auto":
+        return engine
+    platform = get_platform()
+    accelerator = (platform.device_name != "cpu" and ray.is_initialized()
+                   and ray.cluster_resources().get(platform.ray_resource_name(), 0) > 0)
+    return choose_engine(engine, accelerator=accelerator, vllm_installed=importlib.util.find_spec("vllm") is not None)
+
+
 class InfiniteReplica(RolloutReplica):
+    """The replica of ``rollout.name=infinite``: on vLLM it is ``vllm_server.InfiniteVLLMReplica`` (verl's vLLM
+    replica and server, with our scheduling), on the transformers engine one ``InfiniteServer`` per replica."""
+
+    def __new__(cls, *args, **kwargs):
+        config = kwargs.get("config", args[1] if len(args) > 1 else None)
+        if cls is InfiniteReplica and config is not None and rollout_engine(config) == "vllm":
+            from .vllm_server import InfiniteVLLMReplica
+
+            return InfiniteVLLMReplica(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        layout = {key: int(getattr(self.config, key, 1) or 1)
+                  for key in ("data_parallel_size", "pipeline_model_parallel_size")}
+        if any(size > 1 for size in layout.values()):
+            key = next(k for k, size in layout.items() if size > 1)
+            raise ValueError(f"actor_rollout_ref.rollout.{key}={layout[key]}: the transformers engine of the infinite "
+                             "rollout runs one replica per tensor-parallel group; set it to 1 and scale out with "
+                             "more replicas, or decode with actor_rollout_ref.rollout.custom.engine=vllm")
+
     async def init_standalone(self):
         """Standalone replicas need no accelerator pool or checkpoint-engine workers: the server loads the model."""
         self.rollout_mode = RolloutMode.STANDALONE

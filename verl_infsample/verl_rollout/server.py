@@ -350,9 +350,9 @@ class InfiniteServer:
 # How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
 # steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
 _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens",
-        "infsample/lookahead_prefills")
+        "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
-_MAX = ("infsample/peak_kv_bytes",)
+_MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size")
 
 
 def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
@@ -422,7 +422,7 @@ def build_engine(settings, rollout, model_path: str):
     import torch
 
     cuda = torch.cuda.is_available()
-    engine = choose_engine(settings.engine, cuda=cuda, vllm_installed=importlib.util.find_spec("vllm") is not None)
+    engine = choose_engine(settings.engine, accelerator=cuda, vllm_installed=importlib.util.find_spec("vllm") is not None)
     if engine == "transformers":
         from ..engines.transformers_engine import TransformersEngine
 

@@ -1,0 +1,44 @@
+"""The plan as vLLM request priorities (``core.priority``): lower runs first, equal ones by arrival."""
+
+import pytest
+
+from verl_infsample.core.priority import StepPriorities
+
+
+def test_arrival_is_first_come_first_served():
+    p = StepPriorities("arrival")
+    assert {p.of(g, length) for g, length in [("a", 10), ("b", 300), ("a", 10)]} == {0}
+    assert p.of("a", 10, caller=5) == 5  # the caller's own order stands
+
+
+def test_group_keeps_a_groups_samples_together_in_first_arrival_order():
+    p = StepPriorities("group")
+    order = [p.of(g, 0) for g in ["b", "a", "b", "c", "a"]]
+    assert order[2] == order[0] and order[4] == order[1]  # a group's samples share one priority
+    assert order[0] < order[1] < order[3]  # every sample of b before any of a, wherever it arrived
+    p.new_step()
+    assert p.of("c", 0) == order[0]  # a new step counts its groups afresh
+
+
+def test_the_plan_comes_before_the_callers_order_which_breaks_its_ties():
+    """verl's agent loop numbers a batch's samples 0, 1, ...: within a group that order stands, across groups the
+    plan's; and every priority fits vLLM's int64."""
+    p = StepPriorities("longest_first")
+    late_long = p.of("long", 500, caller=900)
+    early_short = p.of("short", 20, caller=1)
+    assert late_long < early_short
+    assert p.of("short", 20, caller=0) < early_short < p.of("short", 20, caller=2)
+    assert -(1 << 63) <= p.of("huge", 10 ** 9, caller=10 ** 12) < (1 << 63)
+
+
+def test_longest_first_orders_groups_by_predicted_length_then_arrival():
+    p = StepPriorities("longest_first")
+    short, long_, long2 = p.of("short", 20), p.of("long", 400), p.of("long2", 400)
+    assert long_ < long2 < short  # the longest start first; equal predictions keep their groups in arrival order
+    assert p.of("long", 400) == long_  # a group's samples share one priority
+    assert p.of("short", 20.4) == short  # whole tokens: a noisy prediction does not split a group
+
+
+def test_unknown_ordering_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown ordering 'sjf'; choose one of: arrival, group, longest_first"):
+        StepPriorities("sjf")

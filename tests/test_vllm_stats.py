@@ -1,0 +1,117 @@
+"""``vllm_stats``: one figure set, from vLLM's own per-step stats, for verl's vLLM server and ours; and the cleanup
+of what a CPU run leaves in /dev/shm (``verl_cpu.shm``)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from multiprocessing import shared_memory
+
+
+def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_with_it():
+    code = textwrap.dedent("""
+        import inspect, types
+        import verl
+        from vllm.config import CacheConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+        from verl.workers.rollout.vllm_rollout import vllm_async_server as server
+        from verl_infsample.verl_rollout import vllm_stats
+
+        assert server.AsyncLLM is AsyncLLM
+        vllm_stats.instrument(server)
+        vllm_stats.instrument(server)  # idempotent
+        wrapped = server.AsyncLLM
+        assert issubclass(wrapped, AsyncLLM) and wrapped is not AsyncLLM
+        # verl passes disable_log_stats / enable_log_requests only where the signature shows them
+        assert {"disable_log_stats", "enable_log_requests"} <= set(inspect.signature(wrapped.from_vllm_config).parameters)
+
+        cache = CacheConfig(block_size=16)
+        cache.num_gpu_blocks = 200
+        logger = vllm_stats._logger_class()(types.SimpleNamespace(cache_config=cache))
+        for step, (preempted, generated, prefilled, usage) in enumerate([(0, 4, 40, 0.25), (1, 3, 0, 0.5), (0, 2, 8, 0.1)]):
+            it = IterationStats()
+            it.iteration_timestamp = 100.0 + step
+            it.num_preempted_reqs, it.num_generation_tokens = preempted, generated
+            it.prompt_token_stats.computed = prefilled
+            logger.record(SchedulerStats(kv_cache_usage=usage), it)
+        logger.record(SchedulerStats(kv_cache_usage=0.9), None)  # no output: the engine was idle, not a step
+        m = vllm_stats.pop_step_metrics()
+        print(m["infsample/decode_steps"], m["infsample/preemptions"], m["infsample/tokens_computed"],
+              m["infsample/peak_kv_blocks"], m["infsample/kv_blocks"], m["infsample/wall_s"])
+        print(vllm_stats.pop_step_metrics()["infsample/decode_steps"])  # popped: the next step starts at zero
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = out.stdout.strip().splitlines()[-2:]
+    # 3 steps, 1 preemption, 9 generated + 48 prefilled, peak usage 0.9 of 200 blocks (seen while idle), 2 s
+    assert first.split() == ["3", "1", "57", "180", "200", "2.0"]
+    assert second == "0"
+
+
+def test_only_segments_that_nothing_uses_are_removed(tmp_path):
+    from verl_infsample.verl_cpu import shm
+
+    before = shm.listing()
+    kept = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: in use
+    orphan = shared_memory.SharedMemory(create=True, size=4096)
+    orphan.close()  # unmapped, never unlinked: what a killed process leaves
+    try:
+        assert {kept.name, orphan.name} <= shm.listing() - before
+        removed = shm.remove_left_behind(before)
+        assert removed == [orphan.name]
+        assert kept.name in shm.listing() and orphan.name not in shm.listing()
+        snapshot = tmp_path / "shm"
+        assert subprocess.run([sys.executable, "-m", "verl_infsample.verl_cpu.shm", "snapshot", str(snapshot)],
+                              check=True).returncode == 0
+        assert set(snapshot.read_text().split()) == shm.listing()
+    finally:
+        kept.close()
+        kept.unlink()
+        if os.path.exists(f"/dev/shm/{orphan.name}"):
+            os.unlink(f"/dev/shm/{orphan.name}")
+
+
+def test_requests_are_seeded_by_prompt_and_arrival_rank_afresh_each_step():
+    """The same requests get the same seeds under any schedule; a new step or another prompt, other seeds; a
+    caller's own seed stands. A recording class stands in for verl's vLLMHttpServer (which needs a running vLLM)."""
+    import asyncio
+    import types
+
+    from verl_infsample.verl_rollout.request_seeds import seed_requests
+
+    class FakeServerRecordingParams:
+        def __init__(self):
+            self.config, self.global_steps, self.seen = types.SimpleNamespace(seed=7), 1, []
+
+        async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
+            self.seen.append((request_id, sampling_params.get("seed"), priority))
+            return request_id
+
+    module = types.SimpleNamespace(vLLMHttpServer=FakeServerRecordingParams)
+    seed_requests(module)
+    seed_requests(module)  # idempotent
+    server = FakeServerRecordingParams()
+
+    async def step(requests):
+        return await asyncio.gather(*[server.generate(p, dict(params), rid, priority=3) for rid, p, params in requests])
+
+    a, b = [1, 2, 3], [4, 5]
+    assert asyncio.run(step([("a0", a, {}), ("a1", a, {}), ("b0", b, {}), ("own", b, {"seed": 11})])) == \
+        ["a0", "a1", "b0", "own"]
+    seeds = {rid: s for rid, s, _ in server.seen}
+    assert seeds["own"] == 11 and len({seeds["a0"], seeds["a1"], seeds["b0"]}) == 3
+    assert {p for _, _, p in server.seen} == {3}  # everything else passes through
+    server.seen.clear()
+    asyncio.run(step([("b0", b, {}), ("a0", a, {}), ("a1", a, {})]))  # another order, same step: ranks go on
+    later = {rid: s for rid, s, _ in server.seen}
+    assert seeds["a0"] not in (later["a0"], later["a1"])
+    server.global_steps, server.seen = 2, []
+    asyncio.run(step([("b0", b, {}), ("a0", a, {}), ("a1", a, {})]))  # a new step: ranks start again, new seeds
+    fresh = {rid: s for rid, s, _ in server.seen}
+    assert len({fresh["a0"], fresh["a1"], fresh["b0"]} | {seeds["a0"], seeds["a1"], seeds["b0"]}) == 6
+    server.global_steps, server.seen = 1, []
+    server._infsample_step = None  # as a fresh server at step 1: the first step's seeds again, whatever the order
+    asyncio.run(step([("b0", b, {}), ("a1", a, {}), ("a0", a, {})]))
+    again = {rid: s for rid, s, _ in server.seen}
+    assert {again["a0"], again["a1"]} == {seeds["a0"], seeds["a1"]} and again["b0"] == seeds["b0"]

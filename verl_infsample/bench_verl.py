@@ -1,0 +1,169 @@
+"""``infsample bench-verl``: ``rollout.name=infinite`` against verl's own ``rollout.name=vllm``, inside verl.
+
+For each ``rollout.n`` it runs verl's trainer (``python -m verl.trainer.main_ppo`` through
+``examples/logic_puzzles/run_grpo_cpu.sh``: real Ray, FSDP workers, agent loop, vLLM) twice, on the same tiny model,
+puzzles, seed, ``max_num_seqs`` and vLLM KV pool (``num_gpu_blocks_override``): once with verl's vLLM rollout, once
+with ours on vLLM. Both servers report the same figures, from vLLM's own per-step stats (``vllm_stats``; verl's is
+instrumented through ``VERL_INFSAMPLE_VLLM_STATS=1``), read after each training step by the ``infinite_sync``
+trainer mode: ``gen_s`` is the engine's own wall time for the step's rollout (first to last engine step), not verl's
+``timing_s/gen``, which also counts the agent loop and comes in whole seconds on a busy CPU. Requests are seeded by
+prompt and arrival rank on both backends (``request_seeds``), so both decode the same samples and their engine
+steps differ by schedule, not by chance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .cli import _progress, format_table
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
+BACKENDS = ("vllm", "infinite")
+COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "preemptions", "tokens_computed",
+           "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm"]
+
+
+@dataclass
+class VerlBenchRow:
+    backend: str  # vllm: verl's vLLM rollout; infinite: ours, on vLLM
+    n: int  # rollout.n
+    prompts: int  # per step
+    samples: int  # finished in the measured steps
+    gen_s: float  # engine wall time of the steps' rollouts, summed
+    engine_steps: int
+    preemptions: int
+    tokens_computed: int  # prefilled (not from the prefix cache) + generated
+    generated_tokens: int
+    cached_prompt_tokens: int
+    peak_kv_blocks: int
+    kv_blocks: int
+    kv_block_size: int
+    verl_gen_s: float  # verl's own timing_s/gen, for reference
+    gen_s_vs_vllm: float | None = None  # this row's gen_s / verl vLLM's at the same n
+    steps_vs_vllm: float | None = None
+
+
+def add_bench_verl_parser(sub) -> None:
+    p = sub.add_parser("bench-verl", help="verl's trainer with rollout.name=vllm and with rollout.name=infinite "
+                                          "(vLLM), side by side")
+    p.add_argument("--n", type=int, action="append", help="rollout.n values (repeat; default: 16, 64, 256)")
+    p.add_argument("--samples", type=int, default=128,
+                   help="samples per step: prompts per step = max(1, samples // n) (default 128)")
+    p.add_argument("--steps", type=int, default=1, help="training steps per run (each one's rollout is measured)")
+    p.add_argument("--slots", type=int, default=16, help="max_num_seqs of both (samples decoded at once)")
+    p.add_argument("--kv-blocks", type=int, default=24,
+                   help="vLLM KV pool of both, in blocks (num_gpu_blocks_override; default 24: on the CPU, blocks "
+                        "of 128 tokens, a few prompts and max_num_seqs samples)")
+    p.add_argument("--response-length", type=int, default=48)
+    p.add_argument("--backend", action="append", choices=BACKENDS, help="backends (default: both)")
+    p.add_argument("--unseeded", dest="seeded", action="store_false",
+                   help="leave requests unseeded (by default each gets a seed of its prompt and arrival rank, on "
+                        "both backends, so both draw the same tokens: request_seeds)")
+    p.add_argument("--extra", action="append", default=[],
+                   help="a Hydra override for every run (repeat), e.g. actor_rollout_ref.rollout.custom.policy=plain")
+    p.add_argument("--json", action="store_true", help="print one JSON list, one object per run")
+    p.add_argument("--plot", help="write a PNG of gen_s and engine steps per n")
+    p.add_argument("--log-dir", help="keep each run's output here (default: a temporary folder, removed)")
+    p.set_defaults(func=_cmd_bench_verl)
+
+
+def parse_step_lines(output: str) -> dict[int, dict[str, float]]:
+    """verl's console logger prints ``step:K - key:value - key:value ...`` once per step."""
+    steps = {}
+    for line in output.splitlines():
+        m = re.search(r"\bstep:(\d+) - (.*)$", line)
+        if not m:
+            continue
+        metrics = {}
+        for item in m.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            num = re.fullmatch(r"\s*(?:np\.\w+\()?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\)?\s*", value)
+            if num:  # 0.5, 1e-05, np.int32(2), np.float64(2.0); nan/inf/strings are left out
+                metrics[key.strip()] = float(num.group(1))
+        steps[int(m.group(1))] = metrics
+    return steps
+
+
+def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRow:
+    """One training run; raises with the run's last output if it fails or reports no figures."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
+    env.update(PYTHON=sys.executable, STEPS=str(args.steps), N=str(n), BATCH=str(prompts), NGPUS="1",
+               SLOTS=str(args.slots), RESPONSE_LEN=str(args.response_length), ROLLOUT=backend, ENGINE="vllm",
+               VERL_INFSAMPLE_VLLM_STATS="1", VERL_INFSAMPLE_REQUEST_SEEDS="1" if args.seeded else "0")
+    overrides = ["trainer.v1.trainer_mode=infinite_sync",  # collects the servers' figures after each step
+                 f"+actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override={args.kv_blocks}",
+                 "actor_rollout_ref.actor.use_kl_loss=false", *args.extra]
+    run_dir = work / f"{backend}_n{n}"
+    proc = subprocess.run(["bash", str(SCRIPT), str(run_dir), *overrides], capture_output=True, text=True,
+                          env=env, cwd=work, timeout=1800)
+    output = proc.stdout + proc.stderr
+    (work / f"{backend}_n{n}.log").write_text(output)
+    steps = parse_step_lines(output)
+    if proc.returncode != 0 or sorted(steps) != list(range(1, args.steps + 1)) or not all(
+            "infsample/decode_steps" in m for m in steps.values()):
+        raise RuntimeError(f"bench-verl: the {backend} run at n={n} failed (rc {proc.returncode}); its log: "
+                           f"{work / f'{backend}_n{n}.log'}\n{output[-3000:]}")
+
+    def total(key: str) -> float:
+        return sum(m.get(f"infsample/{key}", 0.0) for m in steps.values())
+
+    def peak(key: str) -> int:
+        return int(max(m.get(f"infsample/{key}", 0.0) for m in steps.values()))
+
+    return VerlBenchRow(backend=backend, n=n, prompts=prompts, samples=int(total("samples")),
+                        gen_s=round(total("wall_s"), 3), engine_steps=int(total("decode_steps")),
+                        preemptions=int(total("preemptions")), tokens_computed=int(total("tokens_computed")),
+                        generated_tokens=int(total("total_tokens")),
+                        cached_prompt_tokens=int(total("cached_prompt_tokens")),
+                        peak_kv_blocks=peak("peak_kv_blocks"), kv_blocks=peak("kv_blocks"),
+                        kv_block_size=peak("kv_block_size"),
+                        verl_gen_s=round(sum(m.get("timing_s/gen", 0.0) for m in steps.values()), 2))
+
+
+def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:
+    """Each row's gen_s and engine steps relative to verl's vLLM rollout at the same n (in the same run)."""
+    base = {r.n: r for r in rows if r.backend == "vllm"}
+    for r in rows:
+        b = base.get(r.n)
+        if b is not None and b.gen_s > 0 and b.engine_steps > 0:
+            r.gen_s_vs_vllm = round(r.gen_s / b.gen_s, 3)
+            r.steps_vs_vllm = round(r.engine_steps / b.engine_steps, 3)
+    return rows
+
+
+def _cmd_bench_verl(args) -> int:
+    ns = args.n or [16, 64, 256]
+    backends = args.backend or list(BACKENDS)
+    if any(n < 1 for n in ns) or args.steps < 1 or args.slots < 1 or args.kv_blocks < 1:
+        raise ValueError("--n, --steps, --slots and --kv-blocks must be >= 1")
+    runs = [(b, n) for n in ns for b in backends]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="infsample_bench_verl_") as tmp:
+        work = Path(args.log_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        for backend, n in _progress(runs, "bench-verl"):
+            prompts = max(1, args.samples // n)
+            print(f"bench-verl: {backend} n={n} x {prompts} prompt(s) ...", file=sys.stderr, flush=True)
+            rows.append(run_one(backend, n, prompts, args, work))
+        print(f"bench-verl: {len(runs)} runs in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    rows = with_ratios(rows)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(format_table([asdict(r) for r in rows], COLUMNS))
+    if args.plot:
+        from .plots import plot_bench_verl
+
+        plot_bench_verl([asdict(r) for r in rows], args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,47 @@
+"""The plan as request priorities, for an engine that schedules by itself (vLLM, ``scheduling_policy=priority``).
+
+vLLM admits waiting requests by (priority, arrival), lowest first, refills a freed slot at once, shares a prompt's
+KV blocks through its prefix cache and, short of KV, preempts the running request that comes last in that order.
+So the plan needs no loop of its own there: each request's priority says where its sample stands in the plan.
+
+- ``arrival``: every request the same priority, vLLM's first-come first-served (verl's own vLLM rollout).
+- ``group``: a group's samples together, groups in the order they first arrive: a group's samples run side by side
+  on its prompt's cached blocks, and preemption, when KV runs short, takes the newest group's samples.
+- ``longest_first``: groups by predicted length, longest first (ties by arrival), each group's samples together: the
+  long samples start early, so the step does not end waiting for one that started late (LPT for the makespan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ORDERINGS = ("arrival", "group", "longest_first")
+GROUP_SPAN = 1 << 16  # priorities of one predicted length leave room for this many groups of a step
+CALLER_SPAN = 1 << 24  # a caller's own priority (verl's: the sample's batch position) breaks ties below the plan
+
+
+@dataclass
+class StepPriorities:
+    ordering: str = "longest_first"
+    _ordinal: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.ordering not in ORDERINGS:
+            raise ValueError(f"unknown ordering {self.ordering!r}; choose one of: {', '.join(ORDERINGS)}")
+
+    def new_step(self) -> None:
+        """A new rollout step: groups are counted again from the first to arrive."""
+        self._ordinal.clear()
+
+    def of(self, group: str, predicted_len: float, caller: int = 0) -> int:
+        """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first).
+        ``caller``, the priority its sender gave it (verl's agent loop numbers a batch's samples 0, 1, ...), orders
+        requests the plan ranks equal. Fits vLLM's int64 for lengths below 2**20 tokens."""
+        ordinal = self._ordinal.setdefault(group, len(self._ordinal))
+        if self.ordering == "arrival":
+            plan = 0
+        elif self.ordering == "group":
+            plan = ordinal
+        else:
+            plan = ordinal % GROUP_SPAN - min(round(predicted_len), 1 << 20) * GROUP_SPAN
+        return plan * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)

@@ -1,0 +1,112 @@
+"""What a vLLM rollout server did in a step, from vLLM's own per-iteration stats: the same figures for verl's
+``rollout.name=vllm`` server and ours, so they compare like for like.
+
+:class:`RolloutStatsLogger` is a vLLM stat logger (``StatLoggerBase``): the engine's front end calls ``record`` once
+per engine step. :func:`instrument` makes the ``AsyncLLM`` that verl's ``vLLMHttpServer.run_server`` builds carry it
+(vLLM then keeps its own stats off: custom loggers alone do not enable its default ones). Our server always has it;
+verl's is instrumented where ``VERL_INFSAMPLE_VLLM_STATS=1`` (``infsample bench-verl`` sets it). The trainer mode
+``infinite_sync`` reads the figures after each step (:func:`pop_step_metrics`, run inside the server actor).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
+SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+_loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
+_lock = threading.Lock()
+
+
+def _logger_class():
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class RolloutStatsLogger(StatLoggerBase):
+        """Sums what each engine step did since the last :meth:`pop` (engine steps are counted where they produced
+        output: every step with a request running does)."""
+
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.cache = vllm_config.cache_config
+            self._reset()
+            with _lock:
+                _loggers.append(self)
+
+        def _reset(self) -> None:
+            self.steps = self.preemptions = self.generated = self.prefilled = self.cached = self.finished = 0
+            self.peak_usage = 0.0
+            self.first_t = self.last_t = None
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                self.peak_usage = max(self.peak_usage, scheduler_stats.kv_cache_usage)
+            if iteration_stats is None:
+                return
+            self.steps += 1
+            self.preemptions += iteration_stats.num_preempted_reqs
+            self.generated += iteration_stats.num_generation_tokens
+            self.prefilled += iteration_stats.prompt_token_stats.computed
+            self.cached += iteration_stats.prompt_token_stats.cached_tokens
+            self.finished += len(iteration_stats.finished_requests)
+            self.first_t = self.first_t or iteration_stats.iteration_timestamp
+            self.last_t = iteration_stats.iteration_timestamp
+
+        def log_engine_initialized(self):
+            pass
+
+        def pop(self) -> dict:
+            blocks = int(self.cache.num_gpu_blocks or 0)
+            out = {"infsample/decode_steps": self.steps, "infsample/preemptions": self.preemptions,
+                   "infsample/samples": self.finished,
+                   "infsample/tokens_computed": self.prefilled + self.generated,
+                   "infsample/total_tokens": self.generated, "infsample/cached_prompt_tokens": self.cached,
+                   "infsample/peak_kv_blocks": round(self.peak_usage * blocks), "infsample/kv_blocks": blocks,
+                   "infsample/kv_block_size": int(self.cache.block_size or 0),
+                   "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0}
+            self._reset()
+            return out
+
+    return RolloutStatsLogger
+
+
+def instrument(server_module=None) -> None:
+    """Make ``server_module`` (verl's vLLM server module) build its ``AsyncLLM`` with a :class:`RolloutStatsLogger`
+    (idempotent). verl reads ``AsyncLLM.from_vllm_config``'s signature, so the wrapper keeps it."""
+    import importlib
+
+    module = server_module or importlib.import_module(SERVER_MODULE)
+    if getattr(module, "_infsample_stats", False):
+        return
+    engine_class = module.AsyncLLM
+    build = engine_class.from_vllm_config
+    logger_class = _logger_class()
+
+    @functools.wraps(build)
+    def from_vllm_config(*args, stat_loggers=None, **kwargs):
+        return build(*args, stat_loggers=[*(stat_loggers or []), logger_class], **kwargs)
+
+    module.AsyncLLM = type(engine_class.__name__, (engine_class,), {
+        "from_vllm_config": staticmethod(from_vllm_config), "__module__": engine_class.__module__})
+    module._infsample_stats = True
+
+
+def instrument_when_asked() -> None:
+    """With ``VERL_INFSAMPLE_VLLM_STATS=1``, instrument verl's vLLM server wherever it is imported."""
+    if os.environ.get(STATS_ENV) == "1":
+        from ..import_hooks import when_imported
+
+        when_imported(SERVER_MODULE, instrument)
+
+
+def pop_step_metrics(_server=None) -> dict:
+    """The figures of every engine of this process since the last call, merged (steps and times: the slowest
+    engine; counts: summed). Runs in the server actor: ``server.__ray_call__.remote(pop_step_metrics)``."""
+    with _lock:
+        parts = [lg.pop() for lg in _loggers]
+    if not parts:
+        return {}
+    out = {key: sum(p[key] for p in parts) for key in parts[0]}
+    for key in ("infsample/decode_steps", "infsample/wall_s", "infsample/kv_block_size"):
+        out[key] = max(p[key] for p in parts)
+    return out
