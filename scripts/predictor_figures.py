@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reproduces the README's learned-predictor table (issue 7): ``infsample eval-predictor --tiny VARIANT --k 8
+"""Reproduces the README's learned-predictor table: ``infsample eval-predictor --tiny VARIANT --k 8
 --ceiling 24 --json`` on several seeds, one table row per figure, and the JSON lines under OUT.
 
     .venv/bin/python scripts/predictor_figures.py [--variant modes] [--seeds 0-5] [--out artifacts/predictor]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the simulator figures in the README (issue 2's acceptance settings). Usage: scripts/sim_figures.sh [OUT]
+# Reproduces the simulator figures in the README (the paper's settings: 1 prompt, G=32, M=8). Usage: scripts/sim_figures.sh [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-artifacts/sim}

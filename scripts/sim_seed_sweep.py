@@ -1,7 +1,7 @@
 """Mean decode steps / lower bound over many seeds (the paper's setting: 1 prompt, G=32, M=8).
 
 Single traces are noisy; this is the comparison the README quotes. Usage: python scripts/sim_seed_sweep.py [--seeds N]
-Also counts the seeds whose single trace meets issue 2's criteria: ``infinite`` within 8% of the lower bound,
+Also counts the seeds whose single trace meets the simulator's goals: ``infinite`` within 8% of the lower bound,
 ``naive`` at least 1.5x ``infinite``'s steps (``oracle`` within 5%: the oracle row's ``infinite`` column).
 """
 

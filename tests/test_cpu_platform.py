@@ -1,4 +1,4 @@
-"""The CPU mode (issue 5): a "cpu" platform through verl's platform plugin API plus two patches, all opt-in.
+"""The CPU mode: a "cpu" platform through verl's platform plugin API plus two patches, all opt-in.
 
 * without the opt-in, nothing of it happens (no platform, no patch, no engine registration), and a selection of
   verl's own CPU tests passes with the plugin installed;

@@ -1,4 +1,4 @@
-"""The issue's acceptance figures, asserted on the simulator (decode steps are exact counts, not timings)."""
+"""The paper-setting goals, asserted on the simulator (decode steps are exact counts, not timings)."""
 
 import numpy as np
 import pytest

@@ -358,7 +358,7 @@ def test_adapts_when_the_length_distribution_shifts(tiny_rollouts):
     assert jump > 1.5 * before + 0.1  # the shift is visible (measured 0.86)
     # and learned away: back from the first rollout after it, within the noise of a mean of 96 samples (measured
     # 0.03, 0.13, 0.03, standard errors 0.06-0.08): the last batch's mean residual shifts the next batch's
-    # predictions while the regressors catch up (session 3, without it: 0.54, 0.28, 0.18)
+    # predictions while the regressors catch up (without it: 0.54, 0.28, 0.18)
     assert all(e <= before + 2 * se for e, se in zip(errors[4:], noise[4:]))
     assert errors[-1] < history_errors[-1] - 0.3  # history: 0.94
 

@@ -48,7 +48,7 @@ def test_the_seed_sweep_redraws_earlier_output(tmp_path, monkeypatch):
 
 
 def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
-    """scripts/sim_seed_sweep.py: next to the mean ratios, how many single traces meet issue 2's criteria (with
+    """scripts/sim_seed_sweep.py: next to the mean ratios, how many single traces meet the simulator's goals (with
     exact lengths every trace's ``infinite`` is within 8% of the bound; naive is never better than ``infinite``)."""
     import sys
 
@@ -139,7 +139,7 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
 
 
 def test_the_bench_seed_sweep_budget_is_a_share_of_the_engines_full_peak():
-    """``--kv-share``: ``full_peak_blocks`` is the peak the engine measures for ``full`` (so 0.2 of it is issue 3's
+    """``--kv-share``: ``full_peak_blocks`` is the peak the engine measures for ``full`` (so 0.2 of it is the goal's
     20%), and every budgeted replay (noisy lengths too) runs under it with at most M samples decoding: none takes fewer
     steps than the slot lower bound."""
     import math

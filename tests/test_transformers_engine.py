@@ -350,8 +350,8 @@ def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir
 
 
 def test_bench_engine_json_contract_plot_and_warmed_predictors(tiny_model_dir, tiny_engine, tmp_path, capsys):
-    """``infsample bench-engine`` (issue 3's benchmark): one JSON object per policy with the issue's fields, ours
-    first (``full`` the reference), then HF ``generate``; our policies sample exactly ``full``'s tokens; the plot is
+    """``infsample bench-engine``: one JSON object per policy with its fields, ours first (``full`` the reference),
+    then HF ``generate``; our policies sample exactly ``full``'s tokens; the plot is
     written. ``learned`` is warmed by earlier rollouts at other seeds: the same tokens as with ``history``."""
     from verl_infsample.cli import main
 

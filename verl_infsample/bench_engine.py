@@ -44,7 +44,7 @@ def add_bench_engine_parser(sub) -> None:
     p.add_argument("--kv-budget", type=int, help="run our policies under a KV budget (tokens) instead of M slots")
     p.add_argument("--kv-share", type=float,
                    help="instead of --kv-budget: a budget of this share of full's measured peak KV, in whole blocks "
-                        "(issue 3's 20%%: 0.2); full runs first and sets it")
+                        "(the M=8 goal's 20%%: 0.2); full runs first and sets it")
     p.add_argument("--max-running", type=int,
                    help="with --kv-budget or --kv-share: also cap the samples decoding at once (as vLLM's "
                         "max_num_seqs does)")

@@ -144,7 +144,7 @@ class HistoryPredictor:
         self._sum.update(state["sum"])
         self._count.update(state["count"])
         self._global_sum, self._global_count = state["global_sum"], state["global_count"]
-        for prompt_id, lengths in state.get("lengths", {}).items():  # (states saved before session 6 have none)
+        for prompt_id, lengths in state.get("lengths", {}).items():  # (older saved states have none)
             self._lengths[prompt_id].extend(lengths)
         self._all_lengths.extend(state.get("all_lengths", []))
         self._tails.clear()

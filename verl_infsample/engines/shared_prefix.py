@@ -33,7 +33,7 @@ import torch
 
 ATTENTION = "infsample_paged"
 OWN_BUCKETS = 4  # at most this many own-length buckets per step
-# padded token slots a cut must save, per device type. CPU: measured (tiny shape, session 12): 4096 leaves an 8-row
+# padded token slots a cut must save, per device type. CPU: measured (tiny shape, 2026-12-01): 4096 leaves an 8-row
 # step as fast as one bucket did (256 made it slower) and takes 15-20% off a decode step at rollout.n=1024; the GPU
 # figure is a guess, not measured: on a GPU a copy is cheap and each bucket adds kernel launches
 OWN_CUT_TOKENS = {"cpu": 4096}

@@ -90,7 +90,7 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
 # modes so loosely that no predictor could rank its lengths well (the Monte Carlo ceiling of ``eval-predictor
 # --ceiling``: Kendall tau 0.48-0.58 at k=8); at 4000 it still drew its modes off the corpus's weights (count 49%,
 # step 32%, direct 19% of 3072 samples; the corpus: 35 / 35 / 30) and cut step answers short (70 tokens on average);
-# at 8000 (about a minute more) 41 / 36 / 22, closer to them, and 84 tokens (measured, session 15).
+# at 8000 (about a minute more) 41 / 36 / 22, closer to them, and 84 tokens (measured 2026-12-02).
 # ``corpus`` enters the fingerprint only when it is not the default's.
 MODES_TRAIN_STEPS = 8000
 VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes", train_steps=MODES_TRAIN_STEPS)}

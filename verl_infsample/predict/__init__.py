@@ -1,4 +1,4 @@
-"""Length prediction that learns the policy online (issue 7): numpy only, engine-agnostic.
+"""Length prediction that learns the policy online: numpy only, engine-agnostic.
 
 ``LearnedPredictor`` (spec ``learned[:k=K,...]``) implements the core's predictor protocol plus the optional hooks
 ``start_batch``, ``observe_prompt`` and ``observe_tokens``; ``TokenWindow`` is what an engine reports when a sample
