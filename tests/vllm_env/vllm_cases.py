@@ -210,12 +210,12 @@ def test_large_groups_no_preemption_fewer_tokens_no_more_steps(engine, prompts):
                       "computed_plain": big.vllm.computed_tokens, "computed_oracle": oracle.vllm.computed_tokens}))
 
 
-def _server_batch(prompts):
+def _server_batch(prompts, server):
     """verl's requests for 2 groups of G: one per sample, the sample index as session id."""
     from verl_infsample.verl_rollout.server import _Request
 
     return [_Request(request_id=f"{g}/{i}", prompt_ids=list(p), temperature=1.0, top_p=1.0, top_k=-1, logprobs=True,
-                     max_tokens=MAX_NEW, session_id=i, future=None)
+                     max_tokens=MAX_NEW, session_id=i, future=None, stop_token_ids=server.stop_ids)
             for g, p in enumerate(prompts[0]) for i in range(G)]
 
 
@@ -228,7 +228,7 @@ def test_the_verl_server_decodes_with_vllm(server, engine, prompts):
 
     capacity = server._capacity()
     assert isinstance(capacity, PagedKVBudget) and capacity.max_running == MAX_SEQS
-    batch = _server_batch(prompts)
+    batch = _server_batch(prompts, server)
     results = server._rollout(batch)
     assert len(results) == len(batch)
     for tokens, logprobs, preempted, stop in results:
@@ -249,7 +249,7 @@ def test_sleep_mode_where_the_platform_has_none(server, engine, prompts):
     import asyncio
 
     assert engine.enable_sleep_mode is False and not server._sleeps()
-    batch = _server_batch(prompts)
+    batch = _server_batch(prompts, server)
     before = [r[0] for r in server._rollout(batch)]
 
     async def cycle():
@@ -261,7 +261,7 @@ def test_sleep_mode_where_the_platform_has_none(server, engine, prompts):
 
     asyncio.run(cycle())
     assert server._asleep == set()
-    assert [r[0] for r in server._rollout(_server_batch(prompts))] == before
+    assert [r[0] for r in server._rollout(_server_batch(prompts, server))] == before
 
 
 def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine, prompts):
@@ -269,7 +269,7 @@ def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine,
     their tokens so far, "aborted" (a prefix of what they decode undisturbed), and nothing is left in vLLM."""
     from verl_infsample.verl_rollout.server import InfiniteServer
 
-    full = [r[0] for r in server._rollout(_server_batch(prompts))]
+    full = [r[0] for r in server._rollout(_server_batch(prompts, server))]
     steps = []
 
     def abort_at_step_5(sched):
@@ -280,7 +280,7 @@ def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine,
 
     server._stop_if_aborted = abort_at_step_5
     try:
-        results = server._rollout(_server_batch(prompts))
+        results = server._rollout(_server_batch(prompts, server))
     finally:
         del server._stop_if_aborted
         server._abort.clear()

@@ -28,6 +28,13 @@ SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what an engine's sleep mode f
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
 
 
+# The sampling parameters verl's clients send, as the transformers engine's server takes them. Honoured:
+HONOURED_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "logprobs", "stop_token_ids",
+                 "ignore_eos", "seed")
+# Accepted only at their neutral value (anything else is refused by name, never dropped):
+NEUTRAL_VALUES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0}
+
+
 @dataclass
 class _Request:
     request_id: str
@@ -39,10 +46,29 @@ class _Request:
     max_tokens: int
     session_id: int | None
     future: asyncio.Future = field(repr=False)
+    stop_token_ids: tuple[int, ...] = ()  # the request's stops: eos (unless ignore_eos) and its own stop_token_ids
+    seed: int | None = None  # its own seed, else the rollout's step seed
 
     @property
     def group_key(self) -> tuple:
-        return (tuple(self.prompt_ids), self.temperature, self.top_p, self.top_k, self.max_tokens)
+        """Requests alike in all of these are samples of one group (one engine rollout per distinct tail)."""
+        return (tuple(self.prompt_ids), self.temperature, self.top_p, self.top_k, self.max_tokens,
+                self.stop_token_ids, self.seed)
+
+
+def check_sampling_params(sampling_params: dict, request_id: str) -> None:
+    """Refuse, by name and with the alternative, every key the transformers engine cannot honour."""
+    for key, value in sampling_params.items():
+        if key in HONOURED_KEYS or value is None:
+            continue
+        if key in NEUTRAL_VALUES:
+            if float(value) == NEUTRAL_VALUES[key]:
+                continue
+            why = f"{key}={value!r} is not supported; leave it at {NEUTRAL_VALUES[key]}"
+        else:
+            why = f"unknown sampling parameter {key!r}; supported: {', '.join(HONOURED_KEYS)}"
+        raise ValueError(f"request {request_id}: {why}, or decode with actor_rollout_ref.rollout.custom.engine=vllm "
+                         "(verl's vLLM server, which takes every vLLM sampling parameter)")
 
 
 class InfiniteServer:
@@ -89,29 +115,39 @@ class InfiniteServer:
                        audio_data=None, mm_processor_kwargs=None, priority=0, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
+        from ..engines.sampling import SamplingParams
+
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
         prompt_ids = [int(t) for t in prompt_ids]
+        check_sampling_params(sampling_params, request_id)
         budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
-        if sampling_params.get("max_tokens") is not None:
-            budget = min(budget, int(sampling_params["max_tokens"]))
+        for key in ("max_tokens", "max_new_tokens"):  # verl's vLLM server takes either
+            if sampling_params.get(key) is not None:
+                budget = min(budget, int(sampling_params[key]))
         if budget < 1:
             raise ValueError(f"request {request_id}: prompt of {len(prompt_ids)} tokens leaves no room for a response "
                              f"(rollout.prompt_length={self.prompt_length}, response_length={self.response_length})")
-        if float(sampling_params.get("repetition_penalty", 1.0) or 1.0) != 1.0:
-            raise NotImplementedError("rollout.repetition_penalty != 1 is not supported by the infinite rollout")
+        temperature, top_p = float(sampling_params.get("temperature", 1.0)), float(sampling_params.get("top_p", 1.0))
+        top_k = int(sampling_params.get("top_k", -1))
+        try:  # a bad value fails this request alone, here, not its batch in the engine
+            SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=budget)
+        except ValueError as e:
+            raise ValueError(f"request {request_id}: {e}") from None
+        stops = () if sampling_params.get("ignore_eos") else self.stop_ids
+        stops = tuple(sorted({*stops, *(int(t) for t in sampling_params.get("stop_token_ids") or ())}))
+        seed = sampling_params.get("seed")
         while self._paused:  # behind the gate abort_all_requests closed, as verl's vLLM server
             if self._rejecting:
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
                                    extra_fields={"global_steps": self.global_steps})
             await self._resumed.wait()
         session = kwargs.get("session_id")
-        req = _Request(request_id=request_id, prompt_ids=prompt_ids,
-                       temperature=float(sampling_params.get("temperature", 1.0)),
-                       top_p=float(sampling_params.get("top_p", 1.0)), top_k=int(sampling_params.get("top_k", -1)),
+        req = _Request(request_id=request_id, prompt_ids=prompt_ids, temperature=temperature, top_p=top_p, top_k=top_k,
                        logprobs=bool(sampling_params.get("logprobs", False)), max_tokens=budget,
                        session_id=int(session) if session is not None else None,
-                       future=asyncio.get_running_loop().create_future())
+                       future=asyncio.get_running_loop().create_future(), stop_token_ids=stops,
+                       seed=int(seed) if seed is not None else None)
         self._pending.append(req)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
@@ -158,7 +194,7 @@ class InfiniteServer:
         by_params: dict[tuple, list[tuple]] = {}
         for key, reqs in groups.items():
             by_params.setdefault(key[1:], []).append(key)
-        for (temperature, top_p, top_k, max_tokens), keys in by_params.items():
+        for (temperature, top_p, top_k, max_tokens, stops, seed), keys in by_params.items():
             prompts, ids, members = [], [], []
             # groups by prompt, samples by index, whatever order the requests came in: the same batch gets the same
             # plan (samples the predictor cannot tell apart are planned in position order), so decode steps repeat
@@ -176,7 +212,7 @@ class InfiniteServer:
                 prompts.append(list(key[0]))
                 ids.append(key_of_prompt)  # the predictor learns per prompt across steps
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
-                                    stop_token_ids=self.stop_ids, seed=self._step_seed())
+                                    stop_token_ids=stops, seed=self._step_seed() if seed is None else seed)
             capacity = self._capacity()
             if self._predictor is None:
                 self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)

@@ -1,0 +1,90 @@
+"""Every sampling parameter verl's clients send, on the transformers engine's server: honoured, or refused by name
+with the alternative (never dropped); requests that differ in one are never decoded as one group."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    from hydra import compose, initialize_config_dir
+
+    from verl_infsample.verl_rollout.server import InfiniteServer
+
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        cfg = compose(config_name="infinite_grpo", overrides=[
+            "actor_rollout_ref.rollout.response_length=24", "actor_rollout_ref.rollout.prompt_length=64",
+            "actor_rollout_ref.rollout.custom.slots=8", "actor_rollout_ref.rollout.custom.threads=1",
+            "actor_rollout_ref.rollout.custom.batch_window_ms=0"])
+    return InfiniteServer(cfg.actor_rollout_ref.rollout, {"path": tiny_model_dir})
+
+
+def generate(server, prompt, n=1, **params):
+    async def run():
+        return await asyncio.gather(*[server.generate(prompt, {"temperature": 1.0, **params}, f"r{i}",
+                                                      session_id=i) for i in range(n)])
+    return asyncio.run(run())
+
+
+def test_max_tokens_and_max_new_tokens_cap_the_response(server, tiny_prompts):
+    prompt = tiny_prompts[0][0]
+    assert max(len(o.token_ids) for o in generate(server, prompt, 4, ignore_eos=True)) == 24
+    for key in ("max_tokens", "max_new_tokens"):
+        assert {len(o.token_ids) for o in generate(server, prompt, 4, ignore_eos=True, **{key: 3})} == {3}
+
+
+def test_stop_token_ids_end_a_response_at_the_stop_and_ignore_eos_runs_past_eos(server, tiny_prompts):
+    ends = [(p, out) for p in tiny_prompts[0]
+            if (out := generate(server, p, 1, temperature=0.0)[0].token_ids)[-1] in server.stop_ids]
+    assert ends  # greedy ends at eos on some prompt ...
+    prompt, plain = ends[0]
+    assert len(plain) < 24
+    longer = generate(server, prompt, 1, temperature=0.0, ignore_eos=True)[0].token_ids
+    assert len(longer) == 24 and longer[:len(plain) - 1] == plain[:-1]  # ... and without eos runs on to the cap
+    stop = plain[len(plain) // 2]
+    first = plain.index(stop)
+    assert generate(server, prompt, 1, temperature=0.0, stop_token_ids=[stop])[0].token_ids == plain[:first + 1]
+
+
+def test_a_requests_seed_fixes_its_samples(server, tiny_prompts):
+    prompt = tiny_prompts[0][2]
+    a = [o.token_ids for o in generate(server, prompt, 4, seed=11)]
+    assert a == [o.token_ids for o in generate(server, prompt, 4, seed=11)]
+    assert a != [o.token_ids for o in generate(server, prompt, 4, seed=12)]
+
+
+def test_requests_that_differ_in_a_parameter_are_not_one_group(server, tiny_prompts):
+    prompt = tiny_prompts[0][1]
+
+    async def run():
+        return await asyncio.gather(
+            server.generate(prompt, {"temperature": 1.0, "max_tokens": 2, "ignore_eos": True}, "short", session_id=0),
+            server.generate(prompt, {"temperature": 1.0, "ignore_eos": True}, "long", session_id=0))
+    short, long_ = asyncio.run(run())
+    assert (len(short.token_ids), len(long_.token_ids)) == (2, 24)
+
+
+@pytest.mark.parametrize("key, value", [("min_tokens", 2), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
+                                        ("repetition_penalty", 1.1), ("logit_bias", {1: 2.0})])
+def test_what_the_engine_cannot_honour_is_refused_by_name(server, tiny_prompts, key, value):
+    with pytest.raises(ValueError, match=rf"request r0: .*{key}.*custom\.engine=vllm"):
+        generate(server, tiny_prompts[0][0], 1, **{key: value})
+    neutral = {"min_tokens": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    if key in neutral:  # at its neutral value a key is accepted (verl always sends repetition_penalty=1.0)
+        assert generate(server, tiny_prompts[0][0], 1, **{key: neutral[key]})[0].stop_reason == "completed"
+
+
+@pytest.mark.parametrize("params, message", [({"temperature": -0.5}, "temperature must be >= 0"),
+                                             ({"top_p": 0.0}, "top_p must be in")])
+def test_a_bad_value_fails_its_request_alone(server, tiny_prompts, params, message):
+    async def run():
+        return await asyncio.gather(server.generate(tiny_prompts[0][0], params, "bad"),
+                                    server.generate(tiny_prompts[0][0], {"temperature": 1.0}, "good"),
+                                    return_exceptions=True)
+    bad, good = asyncio.run(run())
+    assert isinstance(bad, ValueError) and message in str(bad) and "request bad" in str(bad)
+    assert good.stop_reason == "completed" and good.token_ids
