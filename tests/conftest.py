@@ -7,12 +7,13 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _no_shared_memory_left_behind():
     """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
-    in /dev/shm; the session removes the ones it created (``verl_cpu.shm``), once every child has ended."""
-    from verl_infsample.verl_cpu import shm
+    in /dev/shm and sockets in /tmp; the session removes the ones it created (``verl_cpu.leftovers``), once every
+    child has ended."""
+    from verl_infsample.verl_cpu import leftovers
 
-    before = shm.listing()
+    before = leftovers.listing()
     yield
-    shm.remove_left_behind(before, wait_s=15.0)
+    leftovers.remove_left_behind(before, wait_s=15.0)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,5 @@
 """``vllm_stats``: one figure set, from vLLM's own per-step stats, for verl's vLLM server and ours; and the cleanup
-of what a CPU run leaves in /dev/shm (``verl_cpu.shm``)."""
+of what a CPU run leaves in /dev/shm and /tmp (``verl_cpu.leftovers``)."""
 
 import os
 import subprocess
@@ -49,23 +49,36 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
     assert second == "0"
 
 
-def test_only_segments_that_nothing_uses_are_removed(tmp_path):
-    from verl_infsample.verl_cpu import shm
+def test_only_segments_and_sockets_that_nothing_uses_are_removed(tmp_path):
+    import socket
+    import uuid
+
+    from verl_infsample.verl_cpu import leftovers as shm
 
     before = shm.listing()
     kept = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: in use
     orphan = shared_memory.SharedMemory(create=True, size=4096)
     orphan.close()  # unmapped, never unlinked: what a killed process leaves
+    bound, dead = (f"/tmp/{uuid.uuid4()}" for _ in range(2))
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(bound)  # a live vLLM queue's socket
+    closed = socket.socket(socket.AF_UNIX)
+    closed.bind(dead)
+    closed.close()  # its process gone, the file stays
     try:
-        assert {kept.name, orphan.name} <= shm.listing() - before
+        assert {kept.name, orphan.name, bound, dead} <= shm.listing() - before
         removed = shm.remove_left_behind(before)
-        assert removed == [orphan.name]
-        assert kept.name in shm.listing() and orphan.name not in shm.listing()
+        assert sorted(removed) == sorted([orphan.name, dead])
+        assert {kept.name, bound} <= shm.listing() and not {orphan.name, dead} & shm.listing()
         snapshot = tmp_path / "shm"
-        assert subprocess.run([sys.executable, "-m", "verl_infsample.verl_cpu.shm", "snapshot", str(snapshot)],
+        assert subprocess.run([sys.executable, "-m", "verl_infsample.verl_cpu.leftovers", "snapshot", str(snapshot)],
                               check=True).returncode == 0
         assert set(snapshot.read_text().split()) == shm.listing()
     finally:
+        listening.close()
+        for path in (bound, dead):
+            if os.path.exists(path):
+                os.unlink(path)
         kept.close()
         kept.unlink()
         if os.path.exists(f"/dev/shm/{orphan.name}"):

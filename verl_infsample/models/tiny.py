@@ -27,6 +27,11 @@ temperature 1 a group mixes the modes; the mode comes first and the length follo
 step ~80), as a real LLM's "Let me think step by step" announces a long answer. ``model_prompts(dir)`` gives a
 model's own corpus's prompts.
 
+The **"learns" variant** (``tiny_model_path(variant="learns")``, the demo's model; 6000 steps, about a minute and a
+half) answers short chains ("add 41 and 7", "count to 9") either with a guess, ``answer : v .``, right about a fifth
+of the time, or by counting, ``count : ... . answer : v .``, mostly right; it counts about a third of the time. A
+reward that checks the answer (``tasks.chains``) makes GRPO learn to count within a few steps.
+
 Shifting stop times: add a constant to the ``<|im_end|>`` logit. With transformers, pass
 ``logits_processor=LogitsProcessorList([eos_bias_processor(tok.eos_token_id, bias)])`` to ``generate`` (the
 processor's ``bias`` attribute may be changed between calls, or mid-run, to move the length distribution), or
@@ -41,6 +46,7 @@ This module imports torch / transformers / tokenizers only inside functions, so 
 
     infsample make-tiny-model DIR [--layers 2 --hidden 128 --heads 2 --kv-heads 1 --vocab 1024 --seed 0 --train-steps N]
                                   [--variant modes]   # first tokens tell the length (tiny_model_path(variant="modes"))
+                                  [--variant learns]  # guesses or counts: the demo's model
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .tiny_corpus import CORPORA, TASKS, modes_example, synth_corpus, synth_example
+from .tiny_corpus import CORPORA, TASKS, learns_example, modes_example, synth_corpus, synth_example
 
 # Bump when the corpus, the tokenizer, the training recipe or the folder layout changes: cached models rebuild.
 BUILD_VERSION = 1
@@ -93,7 +99,10 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
 # at 8000 (about a minute more) 41 / 36 / 22, closer to them, and 84 tokens (measured 2026-12-02).
 # ``corpus`` enters the fingerprint only when it is not the default's.
 MODES_TRAIN_STEPS = 8000
-VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes", train_steps=MODES_TRAIN_STEPS)}
+# "learns": the demo's model (``tiny_corpus.learns_example``): guesses or counts, and only counting is reliably right.
+LEARNS_TRAIN_STEPS = 6000
+VARIANTS: dict = {"default": {}, "modes": dict(corpus="modes", train_steps=MODES_TRAIN_STEPS),
+                  "learns": dict(corpus="learns", train_steps=LEARNS_TRAIN_STEPS)}
 
 
 def _check_variant(variant: str) -> str:
@@ -105,8 +114,11 @@ def default_prompts(n: int = 16, seed: int = 10_000, variant: str = "default") -
     """Held-out prompts (another seed than the training corpus), every kind in turn, for sampling and histograms;
     ``variant="modes"``: prompts of the "modes" corpus."""
     rng = random.Random(seed)
-    if VARIANTS[_check_variant(variant)].get("corpus") == "modes":
+    corpus = VARIANTS[_check_variant(variant)].get("corpus")
+    if corpus == "modes":
         return [modes_example(rng)[0] for _ in range(n)]
+    if corpus == "learns":
+        return [learns_example(rng)[0] for _ in range(n)]
     return [synth_example(rng, TASKS[i % len(TASKS)][0])[0] for i in range(n)]
 
 
@@ -117,7 +129,7 @@ def model_prompts(model_dir, n: int = 16, seed: int = 10_000) -> list[str]:
         corpus = json.loads((Path(model_dir) / STAMP_FILE).read_text())["params"].get("corpus", "tasks")
     except (OSError, ValueError, KeyError):
         corpus = "tasks"
-    return default_prompts(n, seed, variant="modes" if corpus == "modes" else "default")
+    return default_prompts(n, seed, variant=corpus if corpus in VARIANTS else "default")
 
 
 def render_chat(prompt: str, answer: str | None = None) -> str:

@@ -162,9 +162,9 @@ TASKS = [("count_to", 14, _count_to), ("count_from", 5, _count_from), ("count_do
 MODE_WEIGHTS = {"direct": 0.3, "count": 0.35, "step": 0.35}
 
 
-def _chain(rng: random.Random) -> tuple[str, int, int, int]:
+def _chain(rng: random.Random, max_steps: int = 24) -> tuple[str, int, int, int]:
     """(prompt, start, increment, steps m): the answer is start + increment * m, reached in m increments."""
-    m = _loguniform(rng, 3, 24)
+    m = _loguniform(rng, 3, max_steps)
     r = rng.random()
     if r < 0.35:
         return f"count to {m}", 0, 1, m
@@ -198,12 +198,49 @@ def synth_example(rng: random.Random, kind: str | None = None) -> tuple[str, str
     return {k: f for k, _, f in TASKS}[kind](rng)
 
 
-# Training corpora by name: "tasks" (the default model's), "modes" (the "modes" variant's).
-CORPORA = ("tasks", "modes")
+# --- the "learns" variant: a task GRPO improves within a few steps, for the demo -------------------------------
+# Every prompt is a short chain ("add 41 and 7", "what is 5 times 3", "count to 9") answered at random in one of two
+# modes: a guess (``answer : v .``), right only GUESS_RIGHT of the time, or counting up to the answer (``count : v1
+# ... vm . answer : vm .``), always right. A reward that checks the answer pays counting several times as often as
+# guessing, and the mode is the answer's first token: the one choice GRPO has to learn, the same for every prompt.
+LEARNS_MODES = {"guess": 0.7, "count": 0.3}
+GUESS_RIGHT = 0.2
+
+
+def learns_example(rng: random.Random, mode: str | None = None) -> tuple[str, str]:
+    """One (prompt, answer) pair of the "learns" corpus; ``mode`` (guess, count) is drawn by weight if None."""
+    prompt, start, inc, m = _chain(rng, max_steps=9)
+    if mode is None:
+        mode = rng.choices(list(LEARNS_MODES), weights=list(LEARNS_MODES.values()))[0]
+    values = [start + inc * i for i in range(m + 1)]
+    if mode == "guess":
+        right = rng.random() < GUESS_RIGHT
+        return prompt, f"answer : {values[-1] if right else values[-1] + rng.choice([-2, -1, 1, 2]) * inc} ."
+    if mode == "count":
+        return prompt, "count : " + " ".join(map(str, values[1:])) + f" . answer : {values[-1]} ."
+    raise ValueError(f"unknown mode {mode!r}: one of {', '.join(LEARNS_MODES)}")
+
+
+def chain_answer(prompt: str) -> int:
+    """The right answer to a chain prompt of the "modes" and "learns" corpora ("add 41 and 7" -> 48)."""
+    words = prompt.split()
+    if words[:2] == ["count", "to"]:
+        return int(words[2])
+    if words[0] == "add":
+        return int(words[1]) + int(words[3])
+    if words[:2] == ["what", "is"] and words[3] == "times":
+        return int(words[2]) * int(words[4])
+    raise ValueError(f"not a chain prompt: {prompt!r}")
+
+
+# Training corpora by name: "tasks" (the default model's), "modes" and "learns" (those variants').
+CORPORA = ("tasks", "modes", "learns")
 
 
 def synth_corpus(n: int, seed: int = 0, corpus: str = "tasks") -> list[tuple[str, str]]:
     rng = random.Random(seed)
     if corpus == "modes":
         return [modes_example(rng) for _ in range(n)]
+    if corpus == "learns":
+        return [learns_example(rng) for _ in range(n)]
     return [synth_example(rng) for _ in range(n)]
