@@ -177,3 +177,14 @@ def test_the_plan_benchmark_replays_kv_budget_workloads(monkeypatch, capsys):
         if r["workload"].endswith("exact"):
             assert r["preemptions"] == 0
     assert rows[-1]["decode_steps"] == sum(r["decode_steps"] for r in rows[:-1])
+
+
+def test_the_plan_size_benchmark_prints_a_row_per_m(capsys):
+    """scripts/bench_plan_sizes.py (the README's planning-time row): one row per M, every plan within its reported
+    guarantee of the lower bound and no schedule below it."""
+    module = _script("bench_plan_sizes")
+    assert module.main(["--prompts", "32", "--group-size", "16", "--slots", "4,64", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["slots"] for r in rows] == [4, 64] and {r["samples"] for r in rows} == {512}
+    for r in rows:
+        assert r["plan_ms"] > 0 and r["steps_vs_bound"] >= 1.0 and 0 <= r["eps_guaranteed"] <= 0.02
