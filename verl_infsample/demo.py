@@ -3,7 +3,8 @@
 Runs ``examples/chains/run_grpo_cpu.sh`` (the tiny "learns" model on chain arithmetic, ``rollout.n=64``, 8 prompts a
 step, 10 steps; about 5 minutes here after setup), shows a progress bar over the training steps, then prints one
 row per step (mean reward, response length, the rollout server's own seconds, its decode steps against their
-lower bound, peak KV) and writes a plot of reward and rollout time per step. verl's full output goes to ``WORK_DIR/run.log``.
+lower bound, peak KV) and writes a plot of reward and rollout time per step. verl's full output goes to
+``WORK_DIR/run.log``.
 
     python -m verl_infsample.demo [--work-dir /tmp/infsample_demo] [--steps 10] [extra Hydra overrides...]
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +27,17 @@ COLUMNS = ["step", "reward", "response_len", "gen_s", "decode_steps", "lower_bou
 
 
 def step_rows(steps: dict[int, dict[str, float]]) -> list[dict]:
+    """One table row per step, from verl's parsed console metrics (None where a step lacks one)."""
     rows = []
     for k, m in sorted(steps.items()):
-        steps_, bound = m.get("infsample/decode_steps"), m.get("infsample/lower_bound_steps")
+        decode_steps, bound = m.get("infsample/decode_steps"), m.get("infsample/lower_bound_steps")
+        wall_s, peak = m.get("infsample/wall_s"), m.get("infsample/peak_kv_bytes")
         rows.append({"step": k, "reward": m.get("critic/score/mean"), "response_len": m.get("response_length/mean"),
-                     "gen_s": round(m["infsample/wall_s"], 2) if "infsample/wall_s" in m else None, "decode_steps": int(steps_) if steps_ is not None else None,
-                     "lower_bound": int(bound) if bound is not None else None,
-                     "steps_vs_bound": round(steps_ / bound, 3) if steps_ and bound else None,
-                     "peak_kv_kib": round(m["infsample/peak_kv_bytes"] / 1024, 1)
-                     if "infsample/peak_kv_bytes" in m else None})
+                     "gen_s": None if wall_s is None else round(wall_s, 2),
+                     "decode_steps": None if decode_steps is None else int(decode_steps),
+                     "lower_bound": None if bound is None else int(bound),
+                     "steps_vs_bound": round(decode_steps / bound, 3) if decode_steps and bound else None,
+                     "peak_kv_kib": None if peak is None else round(peak / 1024, 1)})
     return rows
 
 
@@ -58,11 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                                 stderr=subprocess.STDOUT, text=True, env=env)
         for line in proc.stdout:
             log.write(line)
-            if re.search(r"\bstep:\d+ - ", line):
+            for metrics in parse_step_lines(line).values():  # verl's line for a finished step
                 bar.update(1)
-                reward = re.search(r"critic/score/mean:(?:np\.\w+\()?([-\d.e]+)", line)
-                if reward:
-                    bar.set_postfix(reward=f"{float(reward.group(1)):.3f}")
+                if "critic/score/mean" in metrics:
+                    bar.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}")
         rc = proc.wait()
     bar.close()
     steps = parse_step_lines(log_path.read_text())

@@ -55,10 +55,13 @@ def rollout_engine(config) -> str:
     engine = settings_from_rollout(config).engine
     if engine != "auto":
         return engine
-    platform = get_platform()
-    accelerator = (platform.device_name != "cpu" and ray.is_initialized()
-                   and ray.cluster_resources().get(platform.ray_resource_name(), 0) > 0)
+    accelerator = ray.is_initialized() and _cluster_has_accelerators(get_platform())
     return choose_engine(engine, accelerator=accelerator, vllm_installed=importlib.util.find_spec("vllm") is not None)
+
+
+def _cluster_has_accelerators(platform) -> bool:
+    """The Ray cluster offers the platform's accelerators (the CPU platform's logical GPUs do not count)."""
+    return platform.device_name != "cpu" and ray.cluster_resources().get(platform.ray_resource_name(), 0) > 0
 
 
 class InfiniteReplica(RolloutReplica):
@@ -117,7 +120,7 @@ class InfiniteReplica(RolloutReplica):
             env.update(platform.rollout_env_vars())
             if placement.device_ids:
                 kwargs["visible_devices"] = (get_visible_devices_keyword(), ",".join(placement.device_ids))
-        elif platform.device_name != "cpu" and ray.cluster_resources().get(platform.ray_resource_name(), 0) > 0:
+        elif _cluster_has_accelerators(platform):
             # standalone on accelerators: the server holds its replica's GPUs itself, and either engine decodes on them
             options.update(platform.ray_resource_options(self.world_size))
         server = ray.remote(InfiniteServer).options(**options, runtime_env={"env_vars": env}).remote(

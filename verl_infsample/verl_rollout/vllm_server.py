@@ -51,14 +51,13 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, priority: int = 0, **kwargs):
         """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal)."""
-        prompt_len = len(prompt_ids)
-        group = Group(prompt_key(prompt_ids), prompt_len, 1)
-        predicted = self.predictor.predict(group, Sample(0, 0, 0, prompt_len))
-        priority = self.priorities.of(group.prompt_id, predicted, caller=priority)
+        group = Group(prompt_key(prompt_ids), len(prompt_ids), 1)
+        sample = Sample(0, 0, 0, group.prompt_len)  # what the predictor keys on: the prompt, nothing decoded yet
+        priority = self.priorities.of(group.prompt_id, self.predictor.predict(group, sample), caller=priority)
         output = await super().generate(prompt_ids, sampling_params, request_id, *args, priority=priority, **kwargs)
         if output.stop_reason == "completed":
             length = len(output.token_ids)
-            self.predictor.observe(group, Sample(0, 0, 0, prompt_len), length)
+            self.predictor.observe(group, sample, length)
             self._finished_lengths.append((group.prompt_id, length))
         return output
 
