@@ -46,7 +46,7 @@ demo: setup
 
 # The engine benchmark (every policy next to HF generate) and the simulator on the paper's settings.
 bench: setup
-	$(BIN)/python -m verl_infsample.bench
+	$(BIN)/python -m verl_infsample.bench.suite
 
 test: setup
 	$(BIN)/python -m pytest -q tests

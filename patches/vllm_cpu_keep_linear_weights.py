@@ -6,7 +6,7 @@ which replaces ``layer.weight`` by an empty Parameter. Every later ``model.load_
 ``VLLMEngine.load_weights``) then fails ("'Parameter' object has no attribute 'weight_loader'") or loads into
 nothing while the packed copy keeps decoding with the old weights. The patched method passes
 ``remove_weight=False`` on the CPU: the weight stays, loads land in it, and the second
-``process_weights_after_loading`` that verl (and ``VLLMEngine``) run after the last bucket re-packs from it. The
+``process_weights_after_loading`` that verl runs after the last bucket re-packs from it. The
 cost is a second copy of the linear weights in host memory. Every other platform goes to vLLM's method unchanged.
 
 Why a patch: the argument is a literal inside the method; no vLLM option keeps the weight.

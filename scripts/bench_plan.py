@@ -14,9 +14,10 @@ alternated, not one against a figure from another day.
 import argparse
 import json
 
-from verl_infsample.bench_engine import recorded_lengths, recorded_trace, warm_on_recorded
-from verl_infsample.cli import _progress, format_table
-from verl_infsample.core import KVBudget, PagedKVBudget, make_predictor, synth_trace
+from verl_infsample.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
+from verl_infsample.bench.report import format_table, progress
+from verl_infsample.core import KVBudget, PagedKVBudget, synth_trace
+from verl_infsample.predict import make_predictor
 from verl_infsample.core.predictor import HistoryPredictor
 from verl_infsample.engines import simulate
 
@@ -45,7 +46,7 @@ def workloads(seeds: int, synthetic: int, model_dir=None):
 
 def run(seeds: int, synthetic: int, model_dir=None) -> list[dict]:
     rows = []
-    for name, trace, capacity, max_len, policy, predictor in _progress(list(workloads(seeds, synthetic, model_dir)),
+    for name, trace, capacity, max_len, policy, predictor in progress(list(workloads(seeds, synthetic, model_dir)),
                                                                       "workloads"):
         r = simulate(trace, policy, capacity, predictor(), max_len=max_len)
         rows.append({"workload": name, "decode_steps": r.decode_steps, "preemptions": r.preemptions,

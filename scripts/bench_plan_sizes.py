@@ -12,7 +12,7 @@ ratio to the lower bound). Plan times are this machine's and noisy.
 import argparse
 import json
 
-from verl_infsample.cli import _progress, format_table
+from verl_infsample.bench.report import format_table, progress
 from verl_infsample.core import SlotPool, synth_trace
 from verl_infsample.engines import simulate
 
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     trace = synth_trace(args.prompts, args.group_size, 1024, "lognormal", args.seed)
     rows = []
-    for m in _progress([int(x) for x in args.slots.split(",")], "plan sizes"):
+    for m in progress([int(x) for x in args.slots.split(",")], "plan sizes"):
         res = simulate(trace, "infinite", SlotPool(m), args.predictor, max_len=1024, seed=args.seed)
         rows.append({"slots": m, "samples": res.samples, "plan_ms": res.plan_ms, "decode_steps": res.decode_steps,
                      "steps_vs_bound": res.steps_vs_bound, "plan_method": res.plan.get("plan_method"),

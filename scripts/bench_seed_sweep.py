@@ -21,10 +21,11 @@ import json
 
 import numpy as np
 
-from verl_infsample.bench_engine import recorded_lengths, recorded_trace, warm_on_recorded
-from verl_infsample.cli import _progress, format_table
+from verl_infsample.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
+from verl_infsample.bench.report import format_table, progress
 from verl_infsample.core import KVBudget, SlotPool
-from verl_infsample.core.predictor import HistoryPredictor, make_predictor
+from verl_infsample.core.predictor import HistoryPredictor
+from verl_infsample.predict import make_predictor
 from verl_infsample.engines import simulate
 
 
@@ -103,7 +104,7 @@ def main() -> None:
     if args.kv_share is not None and not 0 < args.kv_share <= 1:
         p.error(f"--kv-share must be in (0, 1], got {args.kv_share}")
     rows = []
-    for seed in _progress(range(args.seeds), "seeds"):
+    for seed in progress(range(args.seeds), "seeds"):
         rec = recorded_lengths(seed, args.prompts, args.group_size, args.max_new_tokens, args.model)
         row = {"seed": seed, **replay(rec, args.slots, args.max_new_tokens, args.quantile)}
         if args.kv_share is not None:

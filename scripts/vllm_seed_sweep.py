@@ -42,10 +42,10 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_env"))
     import vllm_cases  # the engine tests' prompts and sampling parameters
 
-    from verl_infsample.cli import format_table
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.bench.report import format_table
+    from verl_infsample.predict import make_predictor
     from verl_infsample.models.tiny import tiny_model_path
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     model = args.model or str(tiny_model_path())
     rollout = {"custom": {"engine": "vllm", "predictor": "none", "batch_window_ms": 0}, "seed": 0,
@@ -102,7 +102,7 @@ def read_rows(log: str) -> list[dict]:
 
 
 def plot(path: str, rows: list[dict]) -> None:
-    from verl_infsample.plots import plot_seed_sweep
+    from verl_infsample.bench.plots import plot_seed_sweep
 
     panels: dict[str, list[dict]] = {}
     for r in rows:

@@ -7,9 +7,9 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _no_shared_memory_left_behind():
     """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
-    in /dev/shm and sockets in /tmp; the session removes the ones it created (``verl_cpu.leftovers``), once every
+    in /dev/shm and sockets in /tmp; the session removes the ones it created (``integration.cpu.leftovers``), once every
     child has ended."""
-    from verl_infsample.verl_cpu import leftovers
+    from verl_infsample.integration.cpu import leftovers
 
     before = leftovers.listing()
     yield

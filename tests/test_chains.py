@@ -44,7 +44,7 @@ def test_rows_carry_the_right_answer_as_ground_truth():
 
 
 def test_the_demo_table_reads_verls_step_lines():
-    from verl_infsample.bench_verl import parse_step_lines
+    from verl_infsample.bench.in_verl import parse_step_lines
     from verl_infsample.demo import step_rows
 
     line = ("(TaskRunnerV1 pid=1) step:2 - critic/score/mean:np.float64(0.5) - response_length/mean:9.5 - "

@@ -76,8 +76,8 @@ def test_core_imports_without_torch_ray_or_verl():
 
 
 def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path):
-    from verl_infsample.bench_verl import VerlBenchRow, with_ratios
-    from verl_infsample.plots import plot_bench_verl
+    from verl_infsample.bench.in_verl import VerlBenchRow, with_ratios
+    from verl_infsample.bench.plots import plot_bench_verl
 
     def row(backend, n, gen_s, steps):
         return VerlBenchRow(backend=backend, n=n, prompts=128 // n, samples=128, gen_s=gen_s, engine_steps=steps,

@@ -58,7 +58,7 @@ PROBE = """
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.rollout.base import get_rollout_class
     print(json.dumps({
-        "plugin_loaded": "verl_infsample.plugin" in sys.modules and get_rollout_class("infinite").__name__,
+        "plugin_loaded": "verl_infsample.integration.plugin" in sys.modules and get_rollout_class("infinite").__name__,
         "cpu_registered": "cpu" in PlatformRegistry.registered_names(),
         "pg_patched": getattr(dist_utils.initialize_global_process_group_ray, "_infsample_cpu", False),
         "pg_patched_in_workers": getattr(engine_workers.initialize_global_process_group_ray, "_infsample_cpu", False),
@@ -115,7 +115,7 @@ def test_cpu_platform_runs_verls_device_layer_and_a_gloo_group():
 def test_patch_targets_are_verl_0_9_1s():
     """Each patch names the verl code it changes and its sha256; a verl upgrade that changes that code fails here:
     re-read the patch against the new code, then update SOURCE_SHA256."""
-    from verl_infsample.verl_cpu import PATCHES_DIR, load_patches, resolve, source_sha256
+    from verl_infsample.integration.cpu import PATCHES_DIR, load_patches, resolve, source_sha256
 
     patches = load_patches()
     assert sorted(Path(p.__file__).name for p in patches) == ["verl_cpu_fsdp2_offload.py",
@@ -146,7 +146,7 @@ def source_of(fn) -> str:
 
 
 def test_opted_in_reads_both_switches():
-    from verl_infsample.verl_cpu import opted_in
+    from verl_infsample.integration.cpu import opted_in
 
     assert not opted_in({})
     assert not opted_in({"VERL_INFSAMPLE_CPU": "0", "VERL_PLATFORM": "nvidia"})
@@ -160,7 +160,7 @@ def test_verls_own_cpu_tests_pass_with_the_plugin_installed(tmp_path):
     files = [str(VERL_TESTS / f) for f in VERL_CPU_TESTS if (VERL_TESTS / f).is_file()]
     assert len(files) >= 4, f"verl's tests moved: {VERL_TESTS}"
     probe = tmp_path / "test_plugin_is_loaded.py"  # runs in the same process: the plugin was there
-    probe.write_text("import sys, verl\n\ndef test_loaded():\n    assert 'verl_infsample.plugin' in sys.modules\n"
+    probe.write_text("import sys, verl\n\ndef test_loaded():\n    assert 'verl_infsample.integration.plugin' in sys.modules\n"
                      "    from verl.plugin.platform import PlatformRegistry\n"
                      "    assert 'cpu' not in PlatformRegistry.registered_names()\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(probe), *files],

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_infsample.bench_verl import parse_step_lines
+from verl_infsample.bench.in_verl import parse_step_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
@@ -70,7 +70,7 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
             assert metrics["infsample/tokens_computed"] >= metrics["infsample/total_tokens"] >= BATCH * N
         else:
             assert metrics["infsample/peak_kv_bytes"] > 0 and metrics["infsample/batches"] >= 1
-        assert metrics["infsample/seqlen_balance_ratio"] >= 1.0  # verl_balance's metrics, same trainer
+        assert metrics["infsample/seqlen_balance_ratio"] >= 1.0  # the balancer's metrics, same trainer
     assert steps[1]["actor/grad_norm"] > 0  # the update moved the weights ...
     # ... and step 2 was sampled with them: our server's log-probs equal the trainer's
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
@@ -78,7 +78,7 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
 
 
 def test_merge_rollout_metrics():
-    from verl_infsample.verl_rollout.server import merge_rollout_metrics
+    from verl_infsample.integration.rollout.server import merge_rollout_metrics
 
     b1 = {"infsample/samples": 40, "infsample/decode_steps": 50, "infsample/wall_s": 1.0, "infsample/plan_ms": 2.0,
           "infsample/peak_kv_bytes": 100, "infsample/preemptions": 1, "infsample/batches": 1,
@@ -96,9 +96,9 @@ def test_merge_rollout_metrics():
 
 def test_the_plugin_registers_infinite_sync_where_verl_imports_its_v1_trainers():
     """No worker_process_setup_hook needed: verl's TaskRunner imports verl.trainer.ppo.v1, the plugin adds the mode."""
-    code = ("import sys, verl; lazy = 'verl_infsample.verl_balance' in sys.modules; "
+    code = ("import sys, verl; lazy = 'verl_infsample.integration.balance' in sys.modules; "
             "from verl.trainer.ppo.v1 import get_trainer_cls; "
-            "print(lazy, get_trainer_cls('infinite_sync').__name__, 'verl_infsample.verl_balance' in sys.modules)")
+            "print(lazy, get_trainer_cls('infinite_sync').__name__, 'verl_infsample.integration.balance' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                          timeout=300)

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from verl_infsample.core.capacity import KVBudget, SlotPool
-from verl_infsample.core.predictor import HistoryPredictor, make_predictor
+from verl_infsample.core.predictor import HistoryPredictor
+from verl_infsample.predict import make_predictor
 from verl_infsample.core.sample import Group, Sample
 from verl_infsample.core.trace import TracePrompt, read_trace, synth_trace, write_trace
 from verl_infsample.engines.simulated import simulate
 from verl_infsample.predict import LearnedPredictor, TokenWindow
-from verl_infsample.predict.evaluate import kendall_tau, replay_with_predictions
-from verl_infsample.settings import InfiniteRolloutSettings, SettingsError
+from verl_infsample.bench.predictor import kendall_tau, replay_with_predictions
+from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError
 
 
 def _token_trace(n_prompts: int, group: int, seed: int, scale: float = 1.0, max_len: int = 200,
@@ -265,14 +266,19 @@ def test_refined_predictions_reach_the_kv_projection():
 
     res_l, sched = simulate(test, "infinite", KVBudget(1200), learned, max_len=200, return_scheduler=True,
                             on_step=watch)
-    res_h = simulate(test, "infinite", KVBudget(1200), history, max_len=200)
     assert sched.stats.refine_ms > 0
     changed = sum(seen_running[key] != plan[key] for key in seen_running)
     assert changed > len(seen_running) / 2
-    # on one trace either predictor's steps move by about 5% with unrelated changes to the run-time policy (over six
-    # traces the two are within 3% of each other: README); a projection that missed the refinements would reserve
-    # far more and take far longer
-    assert res_l.peak_kv_tokens <= 1200 and res_l.decode_steps <= res_h.decode_steps * 1.10
+    # a projection that missed the refinements would reserve far more and take far longer; one trace's steps move by
+    # several percent with any change to the run-time policy, so three traces count together
+    steps = {"learned": res_l.decode_steps, "history": 0}
+    assert res_l.peak_kv_tokens <= 1200
+    for seed in (50, 51, 52):
+        test = _token_trace(6, 16, seed, scale=2)
+        if seed != 50:
+            steps["learned"] += simulate(test, "infinite", KVBudget(1200), learned, max_len=200).decode_steps
+        steps["history"] += simulate(test, "infinite", KVBudget(1200), history, max_len=200).decode_steps
+    assert steps["learned"] <= steps["history"] * 1.10, steps
 
 
 def test_trace_tokens_round_trip(tmp_path):
@@ -302,7 +308,7 @@ def tiny_rollouts(tiny_model_dir, tiny_engine):
 
     from verl_infsample.engines.sampling import SamplingParams
     from verl_infsample.models.tiny import default_prompts
-    from verl_infsample.predict.evaluate import record_rollout
+    from verl_infsample.bench.predictor import record_rollout
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     texts = default_prompts(6, seed=777)
@@ -426,8 +432,8 @@ def test_the_evaluation_plot_draws_every_scored_sample(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verl_infsample.plots import plot_predictor_evaluation
-    from verl_infsample.predict.evaluate import evaluate_predictor
+    from verl_infsample.bench.plots import plot_predictor_evaluation
+    from verl_infsample.bench.predictor import evaluate_predictor
 
     train = [_token_trace(8, 16, seed) for seed in range(3)]
     result, _ = evaluate_predictor(train, _token_trace(4, 16, 98), k=8, max_len=200)
@@ -460,7 +466,7 @@ def test_modes_variant_first_tokens_tell_the_length(tiny_modes_model_dir):
     """Where a sample's first tokens announce its length (as a real LLM's "Let me think step by step" does), the
     learned predictor ranks held-out samples at k=8 far better than history (which, on unseen prompts, knows only
     the global mean: tau 0). The default tiny model, whose answers end almost at random, reaches ~0.1 here."""
-    from verl_infsample.predict.evaluate import evaluate_predictor, model_rollouts
+    from verl_infsample.bench.predictor import evaluate_predictor, model_rollouts
 
     rollouts = model_rollouts(tiny_modes_model_dir, train_rollouts=3, train_prompts=8, train_group=16,
                               test_prompts=8, test_group=16, max_new_tokens=64, seed=0)
@@ -502,7 +508,7 @@ def test_the_monte_carlo_ceiling_is_exact_for_a_greedy_model(tiny_modes_model_di
     from verl_infsample.engines.sampling import SamplingParams
     from verl_infsample.engines.transformers_engine import TransformersEngine
     from verl_infsample.models.tiny import model_prompts
-    from verl_infsample.predict.evaluate import ceiling_predictions, record_rollout
+    from verl_infsample.bench.predictor import ceiling_predictions, record_rollout
 
     tok = AutoTokenizer.from_pretrained(tiny_modes_model_dir)
     engine = TransformersEngine.from_pretrained(tiny_modes_model_dir)

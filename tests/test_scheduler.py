@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_infsample.core import KVBudget, SlotPool, TracePrompt, make_predictor
+from verl_infsample.core import KVBudget, SlotPool, TracePrompt
+
+from verl_infsample.predict import make_predictor
 from verl_infsample.core.policies import POLICIES
 from verl_infsample.core.sample import SampleState
 from verl_infsample.engines import simulate
@@ -124,7 +126,8 @@ def test_partial_results_are_refused_and_impossible_budgets_rejected():
         simulate(trace, "infinite", SlotPool(2), "psychic")
     with pytest.raises(ValueError, match="SIGMA"):
         simulate(trace, "infinite", SlotPool(2), "noisy:lots")
-    from verl_infsample.core import Group, Scheduler, make_policy, make_predictor
+    from verl_infsample.core import Group, Scheduler, make_policy
+    from verl_infsample.predict import make_predictor
 
     sched = Scheduler([Group("a", 1, 2)], make_policy("continuous"), SlotPool(1),
                       make_predictor("none", max_len=5), max_len=5)
@@ -359,7 +362,7 @@ def test_held_in_blocks_equals_every_sample_at_every_time(members, block):
     """The projection's whole-block sum (by prefix counts above ``_DIRECT_UP_TO`` samples) equals the plain sum over
     every sample at every candidate time (ties, fractional predictions, residues at block edges)."""
     from verl_infsample.core.capacity import whole_blocks
-    from verl_infsample.core.scheduler import held_in_blocks
+    from verl_infsample.core.capacity import held_in_blocks
 
     gen = np.array([g for g, _ in members], dtype=float)
     rem = np.array([t for _, t in members])
@@ -374,43 +377,38 @@ _MEMBER = st.tuples(st.integers(0, 300), st.one_of(st.integers(1, 200).map(float
 
 
 @settings(max_examples=300, deadline=None)
-@given(members=st.lists(_MEMBER, max_size=16), extra=st.one_of(st.none(), _MEMBER),
-       block=st.sampled_from([1, 3, 16]), prompts=st.lists(st.integers(0, 40), min_size=4, max_size=4),
-       ahead=st.integers(0, 5))
-def test_a_few_samples_are_accounted_in_python_exactly_as_in_arrays(members, extra, block, prompts, ahead):
-    """Up to ``FEW_SAMPLES`` running samples the KV projection and the next step's use are summed in plain Python:
-    the same numbers as the array path, to the bit (ties, fractional predictions, block edges, empty sets)."""
-    import types
+@given(members=st.lists(_MEMBER, max_size=60), block=st.sampled_from([1, 3, 16]),
+       prompts=st.lists(st.integers(0, 40), min_size=4, max_size=4), ahead=st.integers(0, 5))
+def test_the_kv_projection_is_the_step_by_step_peak(members, block, prompts, ahead):
+    """``KVBudget``'s projected peak and next-step use equal a step-by-step count: each sample holds
+    whole_blocks(generated + t + 1) while it runs (t = 0 the next step, up to its predicted end), each group its
+    prompt's whole blocks while one of its samples runs (ties, fractional predictions, block edges, empty sets, and
+    past ``_DIRECT_UP_TO`` samples)."""
+    import math
 
-    from verl_infsample.core import PagedKVBudget, Scheduler
-    from verl_infsample.core import capacity
-    from verl_infsample.core.capacity import SampleArrays
+    from verl_infsample.core.capacity import whole_blocks
     from verl_infsample.core.sample import Sample
 
-    def sample(i, gen, rem, group):
-        return Sample(uid=i, group=group, index=i, prompt_len=prompts[group], predicted_len=gen + rem, generated=gen,
-                      state=SampleState.RUNNING)
+    running = [Sample(uid=i, group=grp, index=i, prompt_len=prompts[grp], predicted_len=gen + rem, generated=gen,
+                      state=SampleState.RUNNING) for i, (gen, rem, grp) in enumerate(members)]
+    steps = [math.ceil(s.remaining_predicted() - 1e-9) for s in running]
 
-    few_samples = capacity.FEW_SAMPLES
-    running = [sample(i, *m) for i, m in enumerate(members)]
-    ledger = types.SimpleNamespace(running=running, num_running=len(running),
-                                   running_arrays=lambda: SampleArrays.of(running))
-    extra_sample = None if extra is None else sample(len(running), *extra)
-    few = Scheduler.projected_peak_tokens(ledger, extra_sample, block)
-    budgets = [KVBudget(10**6, block_size=block), PagedKVBudget(10**6, max(2, block))]
-    few_use = [b.in_use(running, ahead) for b in budgets]
-    try:  # the array path for any size
-        capacity.FEW_SAMPLES = -1
-        assert Scheduler.projected_peak_tokens(ledger, extra_sample, block) == few
-        assert [b.in_use(running, ahead) for b in budgets] == few_use
-    finally:
-        capacity.FEW_SAMPLES = few_samples
+    def use_at(t):
+        live = [s for s, n in zip(running, steps) if t < n]
+        return (sum(whole_blocks(s.generated + t + 1, block) for s in live)
+                + sum(whole_blocks(p, block) for p in {s.group: s.prompt_len for s in live}.values()))
+
+    budget = KVBudget(10**6, block_size=block)
+    assert budget.projected_peak(running) == max((use_at(t) for t in range(max(steps, default=0))), default=0)
+    now = sum(whole_blocks(s.generated + ahead + 1, block) for s in running)
+    assert budget.in_use(running, ahead) == now + sum(whole_blocks(p, block) for p in
+                                                      {s.group: s.prompt_len for s in running}.values())
 
 
 def test_held_in_blocks_for_a_few_hundred_running_samples():
     """The prefix-count path (past ``_DIRECT_UP_TO``) on hundreds of samples, with many ties and whole/half steps."""
     from verl_infsample.core.capacity import whole_blocks
-    from verl_infsample.core.scheduler import _DIRECT_UP_TO, held_in_blocks
+    from verl_infsample.core.capacity import _DIRECT_UP_TO, held_in_blocks
 
     rng = np.random.default_rng(7)
     for m, block in [(_DIRECT_UP_TO + 1, 16), (300, 16), (257, 5)]:
@@ -427,15 +425,15 @@ def test_an_admission_round_reads_the_running_set_once(monkeypatch):
     from verl_infsample.core.capacity import SampleArrays
 
     builds, checks, per_round = [0], [0], []
-    real_of, real_peak, real_admit = SampleArrays.of.__func__, Scheduler.projected_peak_tokens, Scheduler.admit
+    real_of, real_peak, real_admit = SampleArrays.of.__func__, KVBudget.projected_peak, Scheduler.admit
 
     def of(cls, samples):
         builds[0] += 1
         return real_of(cls, samples)
 
-    def peak(self, extra=None, block_size=1):
+    def peak(self, running):
         checks[0] += 1
-        return real_peak(self, extra, block_size)
+        return real_peak(self, running)
 
     def admit(self):
         before = builds[0]
@@ -444,7 +442,7 @@ def test_an_admission_round_reads_the_running_set_once(monkeypatch):
         return out
 
     monkeypatch.setattr(SampleArrays, "of", classmethod(of))
-    monkeypatch.setattr(Scheduler, "projected_peak_tokens", peak)
+    monkeypatch.setattr(KVBudget, "projected_peak", peak)
     monkeypatch.setattr(Scheduler, "admit", admit)
     trace = [TracePrompt(f"p{g}", 20, tuple(int(n) for n in np.random.default_rng(g).integers(5, 120, 64)))
              for g in range(4)]

@@ -66,7 +66,7 @@ def test_the_transformers_gpu_check_dry_run(capsys, tmp_path):
     """gpu_check_transformers --dry-run (what scripts/gpu_check_transformers.sh --dry-run runs): the GPU check's
     comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV budget
     and draw exactly full's tokens."""
-    from verl_infsample import gpu_check_transformers
+    from verl_infsample.bench import gpu_check_transformers
 
     assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf", "--out", str(tmp_path / "r.json")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -89,7 +89,7 @@ def test_a_gpu_check_report_is_drawn_per_path_against_rollout_n(tmp_path, monkey
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verl_infsample import gpu_check_transformers
+    from verl_infsample.bench import gpu_check_transformers
 
     def path(kv, steps):
         return {"peak_gpu_memory_bytes": None, "peak_kv_bytes": kv, "decode_steps": steps}
@@ -119,7 +119,7 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
     reach it here, and the quantile variant predicts the quantile of the prompt's earlier lengths."""
     import math
 
-    from verl_infsample.bench_engine import recorded_lengths
+    from verl_infsample.bench.engine import recorded_lengths
     from verl_infsample.core.sample import Group
 
     module = _script("bench_seed_sweep")
@@ -144,7 +144,7 @@ def test_the_bench_seed_sweep_budget_is_a_share_of_the_engines_full_peak():
     steps than the slot lower bound."""
     import math
 
-    from verl_infsample.bench_engine import bench_workload, recorded_lengths
+    from verl_infsample.bench.engine import bench_workload, recorded_lengths
     from verl_infsample.core import SlotPool
 
     module = _script("bench_seed_sweep")

@@ -13,7 +13,7 @@ CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 def server(tiny_model_dir):
     from hydra import compose, initialize_config_dir
 
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose(config_name="infinite_grpo", overrides=[

@@ -98,7 +98,9 @@ def test_exact_lengths_follow_the_plan_step_for_step_without_preemption():
         def step(self, sched):
             return [s for s in sched.running if s.generated + 1 >= s.true_len], 1
 
-    from verl_infsample.core import Group, Scheduler, make_policy, make_predictor
+    from verl_infsample.core import Group, Scheduler, make_policy
+
+    from verl_infsample.predict import make_predictor
     from verl_infsample.engines.base import run_rollout
 
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in TRACE]

@@ -186,13 +186,34 @@ def test_an_exception_in_a_step_fails_the_whole_rollout(tiny_engine, tiny_prompt
     assert tiny_engine.pool.in_use == 0
 
 
+def test_sleep_mode_refuses_to_decode_until_everything_is_awake(tiny_model_dir, tiny_prompts, tiny_engine):
+    """verl's rollout lifecycle: sleep frees the device (on a GPU the weights go to host memory); a rollout while any
+    part sleeps is refused, and once woken the engine decodes what it decoded before. Without sleep mode, sleep is
+    refused by name."""
+    from verl_infsample.engines.transformers_engine import TransformersEngine
+
+    prompts, stops = tiny_prompts
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=stops, seed=3)
+    engine = TransformersEngine.from_pretrained(tiny_model_dir, enable_sleep_mode=True)
+    before = engine.rollout(prompts[:2], 3, params).outputs
+    engine.sleep()
+    engine.wake_up(["weights"])  # verl: the weights first (the sync), then the KV
+    with pytest.raises(RuntimeError, match=r"\['kv_cache'\] sleep: wake_up\(\) first"):
+        engine.rollout(prompts[:2], 3, params)
+    engine.wake_up(["kv_cache"])
+    assert [[o.token_ids for o in g] for g in engine.rollout(prompts[:2], 3, params).outputs] == \
+        [[o.token_ids for o in g] for g in before]
+    with pytest.raises(ValueError, match="enable_sleep_mode"):
+        tiny_engine.sleep()
+
+
 def test_the_first_token_lookahead_keeps_the_tokens_and_fails_loudly(tiny_engine, tiny_prompts, monkeypatch):
     """With ``learned`` the engine draws every sample's first token before the plan (one prompt pass per group) and
     emits exactly that token when the sample starts, without drawing it again: the tokens are those of ``full``,
     and as many are drawn. A failure inside the lookahead fails the rollout and leaves no block held."""
     import dataclasses
 
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
 
     prompts, stop = tiny_prompts
     params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=5)
@@ -226,7 +247,7 @@ def test_the_lookahead_prompt_pass_is_the_prefill_when_the_prompts_fit(tiny_engi
     prompts), and the real KV stays within the budget. When the prompts do not fit, every pass is freed and each
     group is prefilled again when it starts. The tokens are the same in all, and nothing stays held."""
     from verl_infsample.core.capacity import KVBudget
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
 
     prompts, stop = tiny_prompts
     params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=stop, seed=5)
@@ -274,7 +295,7 @@ def test_the_device_sampler_keeps_every_schedule_exact(tiny_model_dir, tiny_prom
     """``sampler="torch"`` (what a GPU uses by default; here on the CPU) draws on the model's device with
     counter-based noise: other tokens than the numpy sampler's, but the same under every policy, slot count, KV
     budget and the first-token lookahead; greedy decoding is HF's ``generate`` as before."""
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
     from verl_infsample.engines.transformers_engine import TransformersEngine
 
     engine = TransformersEngine.from_pretrained(tiny_model_dir, sampler="torch")
@@ -312,7 +333,7 @@ def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir
     the sampler never sees more than 3 rows."""
     import dataclasses
 
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
     from verl_infsample.engines import transformers_engine as te
 
     engine = te.TransformersEngine.from_pretrained(tiny_model_dir, sampler=sampler)

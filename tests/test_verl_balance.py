@@ -26,7 +26,7 @@ from verl.trainer.ppo.v1 import trainer_base  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import seqlen_balancing  # noqa: E402
 
-import verl_infsample.verl_balance as vb  # noqa: E402
+import verl_infsample.integration.balance as vb  # noqa: E402
 from verl_infsample.core.partition import max_workload  # noqa: E402
 
 DP = 4
@@ -88,7 +88,7 @@ def test_user_facing_overrides_compose_with_verls_config():
     from hydra import compose, initialize_config_dir
 
     config_dir = Path(importlib.util.find_spec("verl").origin).parent / "trainer" / "config"
-    hook = "verl_infsample.verl_balance.register"
+    hook = "verl_infsample.integration.balance.register"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=[
             f"trainer.v1.trainer_mode={vb.TRAINER_MODE}",

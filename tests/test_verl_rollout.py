@@ -77,7 +77,7 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
                   override)
     assert getattr(verl_config.validate_config, "_infsample", False)  # the plugin's check rides on verl's
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        from verl_infsample.settings import settings_from_rollout
+        from verl_infsample.integration.settings import settings_from_rollout
 
         settings_from_rollout(cfg.actor_rollout_ref.rollout)
     import ray
@@ -91,7 +91,7 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
     ({"predictor": "learned:k=8"}, "custom.predictor='learned:k=8': reads a sample's first tokens"),
 ])
 def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
-    from verl_infsample.settings import InfiniteRolloutSettings, SettingsError, vllm_ordering
+    from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError, vllm_ordering
 
     assert vllm_ordering(InfiniteRolloutSettings(engine="vllm")) == "longest_first"
     assert vllm_ordering(InfiniteRolloutSettings(engine="vllm", policy="plain")) == "arrival"
@@ -102,7 +102,7 @@ def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
 def test_the_engine_follows_the_hardware():
     """custom.engine=auto: vLLM where the server has a GPU and vLLM, the transformers engine elsewhere; its dtype is
     verl's rollout.dtype on a GPU, float32 on the CPU; explicit choices stand."""
-    from verl_infsample.settings import choose_dtype, choose_engine, settings_from_rollout
+    from verl_infsample.integration.settings import choose_dtype, choose_engine, settings_from_rollout
 
     assert settings_from_rollout(compose().actor_rollout_ref.rollout).engine == "auto"
     assert choose_engine("auto", accelerator=True, vllm_installed=True) == "vllm"
@@ -120,7 +120,7 @@ def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_
     import torch
 
     from verl_infsample.engines.transformers_engine import TransformersEngine
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     server = InfiniteServer(compose().actor_rollout_ref.rollout, {"path": tiny_model_dir})
     assert isinstance(server.engine, TransformersEngine)
@@ -128,29 +128,25 @@ def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_
     assert (param.device.type, param.dtype) == ("cpu", torch.float32)
 
 
-class _SleepModeEngineFake:
-    """Stands in for an engine with vLLM's sleep mode (vLLM's sleep needs a GPU: its CPU platform has none): wraps
-    the real TransformersEngine, records sleep / wake_up, and refuses to decode while any part of it sleeps."""
+def _engine_in_sleep_mode(model_dir):
+    """The real engine with sleep mode on (on the CPU its sleep moves nothing, but it refuses to decode while any part
+    of it sleeps), recording the server's sleep / wake_up calls."""
+    from verl_infsample.engines.transformers_engine import TransformersEngine
 
-    enable_sleep_mode = True
+    class RecordingEngine(TransformersEngine):
+        calls: list = []
 
-    def __init__(self, engine):
-        self.inner, self.calls, self.asleep = engine, [], set()
+        def sleep(self, level: int = 1) -> None:
+            self.calls.append(("sleep", level))
+            super().sleep(level)
 
-    def sleep(self, level: int = 1) -> None:
-        self.calls.append(("sleep", level))
-        self.asleep = {"weights", "kv_cache"}
+        def wake_up(self, tags=None) -> None:
+            self.calls.append(("wake_up", tuple(tags)))
+            super().wake_up(tags)
 
-    def wake_up(self, tags=None) -> None:
-        self.calls.append(("wake_up", tuple(tags)))
-        self.asleep -= set(tags)
-
-    def rollout(self, *args, **kwargs):
-        assert not self.asleep, f"decoding while {sorted(self.asleep)} sleep"
-        return self.inner.rollout(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    engine = RecordingEngine.from_pretrained(model_dir, enable_sleep_mode=True)
+    engine.calls = []
+    return engine
 
 
 @pytest.mark.parametrize("free_cache_engine", [True, False])
@@ -158,13 +154,13 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
     """verl's lifecycle on an engine with sleep mode: sleep frees weights and KV (level 1: the weights come back as they
     were), release_kv_cache only the KV, wake_up(tags) what it names, and a request that arrives while the engine
     sleeps wakes it before decoding; with rollout.free_cache_engine=false nothing is freed."""
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0",
                       f"actor_rollout_ref.rollout.free_cache_engine={free_cache_engine}").actor_rollout_ref.rollout
     server = InfiniteServer(rollout, {"path": tiny_model_dir})
-    engine = server.engine = _SleepModeEngineFake(server.engine)
+    engine = server.engine = _engine_in_sleep_mode(tiny_model_dir)
     params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=False)
 
     async def scenario():
@@ -189,12 +185,12 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
 def test_server_sleep_after_release_kv_cache_frees_the_weights_too(tiny_model_dir):
     """verl may release the KV (release_kv_cache) and later put the replica to sleep: vLLM sleeps only from an engine
     fully awake, so the server wakes the KV, sleeps, and both stay freed until the next wake_up or request."""
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0").actor_rollout_ref.rollout
     server = InfiniteServer(rollout, {"path": tiny_model_dir})
-    engine = server.engine = _SleepModeEngineFake(server.engine)
+    engine = server.engine = _engine_in_sleep_mode(tiny_model_dir)
 
     async def scenario():
         await server.release_kv_cache()
@@ -329,7 +325,7 @@ def test_step_seed_draws_fresh_samples_at_each_training_step():
     must not replay the same samples, and the plain seed is kept when verl sends no step."""
     from types import SimpleNamespace
 
-    from verl_infsample.verl_rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     def seed(base, step):
         return InfiniteServer._step_seed(SimpleNamespace(seed=base, global_steps=step))
@@ -342,7 +338,7 @@ def test_step_seed_draws_fresh_samples_at_each_training_step():
 def test_worker_placement_puts_a_replica_on_its_workers_node_and_devices():
     """InfiniteReplica places its server as verl's vLLM replica does: the workers' node, their accelerator ids as the
     server's visible devices (none if a worker has none), and a clear error for a replica spread over nodes."""
-    from verl_infsample.verl_rollout.replica import WorkerPlacement
+    from verl_infsample.integration.rollout.replica import WorkerPlacement
 
     assert WorkerPlacement.of([("n1", ["2"]), ("n1", ["3"])], 0) == WorkerPlacement("n1", ("2", "3"))
     assert WorkerPlacement.of([("n1", ["0"]), ("n1", [])], 0) == WorkerPlacement("n1", ())
@@ -354,7 +350,7 @@ def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in
     """verl's agent loop sends a step's requests concurrently, so they reach the server in any order. The server hands
     the engine its groups by prompt and their samples by index whatever the order, so the plan (and the decode steps
     it takes) repeats from run to run, as the tokens do (keyed by sample index)."""
-    from verl_infsample.verl_rollout.server import InfiniteServer, _Request
+    from verl_infsample.integration.rollout.server import InfiniteServer, _Request
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=12",
                       "actor_rollout_ref.rollout.custom.slots=3").actor_rollout_ref.rollout

@@ -23,7 +23,7 @@ def test_infinite_grpo_presets_the_group_affinity_router():
     path = cfg.actor_rollout_ref.rollout.router_config_path
     assert path == verl_infsample.router_config_path()
     with open(path) as f:
-        assert yaml.safe_load(f)["router_class"] == "verl_infsample.verl_rollout.router.GroupAffinityRouter"
+        assert yaml.safe_load(f)["router_class"] == "verl_infsample.integration.rollout.router.GroupAffinityRouter"
 
 
 def test_a_bad_router_key_fails_in_verls_validate_config_before_ray(tmp_path):
@@ -31,7 +31,7 @@ def test_a_bad_router_key_fails_in_verls_validate_config_before_ray(tmp_path):
     import verl.utils.config as verl_config
 
     bad = tmp_path / "router.yaml"
-    bad.write_text("router_class: verl_infsample.verl_rollout.router.GroupAffinityRouter\nlength_refresh: 1\n")
+    bad.write_text("router_class: verl_infsample.integration.rollout.router.GroupAffinityRouter\nlength_refresh: 1\n")
     cfg = compose(f"actor_rollout_ref.rollout.router_config_path={bad}")
     with pytest.raises(ValueError, match=f"router_config_path={bad}: unknown key 'length_refresh'"):
         verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)
@@ -68,7 +68,7 @@ def test_router_places_a_burst_of_groups_largest_first_whatever_the_arrival_orde
     even when siblings arrive interleaved with other groups' first requests."""
     import random
 
-    from verl_infsample.verl_rollout.router import GroupAffinityRouter
+    from verl_infsample.integration.rollout.router import GroupAffinityRouter
 
     router = GroupAffinityRouter({"a": _ServerWithoutLengthsFake(), "b": _ServerWithoutLengthsFake()},
                                  {"placement_window_ms": 5})
@@ -89,7 +89,7 @@ def test_router_places_a_burst_of_groups_largest_first_whatever_the_arrival_orde
 def test_router_without_a_window_places_groups_as_they_come():
     """``placement_window_ms: 0``: each new group goes to the least-loaded replica when its first request comes, so a
     group weighs only what it has at that moment and the interleaved arrival order decides the loads."""
-    from verl_infsample.verl_rollout.router import GroupAffinityRouter
+    from verl_infsample.integration.rollout.router import GroupAffinityRouter
 
     router = GroupAffinityRouter({"a": _ServerWithoutLengthsFake(), "b": _ServerWithoutLengthsFake()},
                                  {"placement_window_ms": 0})
@@ -106,7 +106,7 @@ def test_router_without_a_window_places_groups_as_they_come():
     ("placement_window", 20, "unknown key 'placement_window'"),
 ])
 def test_router_config_errors_name_the_key(key, value, message):
-    from verl_infsample.verl_rollout.router import GroupAffinityConfig, RouterConfigError
+    from verl_infsample.integration.rollout.router import GroupAffinityConfig, RouterConfigError
 
     with pytest.raises(RouterConfigError, match=message):
         GroupAffinityConfig.from_yaml({"router_class": "x", key: value})

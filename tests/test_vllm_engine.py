@@ -26,7 +26,7 @@ def test_without_vllm_the_engine_says_what_to_install(monkeypatch):
 
 def test_the_vllm_cpu_patch_is_pinned_to_the_installed_vllm():
     """If a vLLM upgrade changes the patched method, this fails: re-read the patch, then update SOURCE_SHA256."""
-    from verl_infsample.verl_cpu import VLLM_PATCHES, load_patches, resolve, source_sha256
+    from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches, resolve, source_sha256
 
     patches = load_patches(VLLM_PATCHES)
     assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py"]
@@ -36,7 +36,7 @@ def test_the_vllm_cpu_patch_is_pinned_to_the_installed_vllm():
 
 
 def test_a_patch_refuses_other_code_naming_its_file(monkeypatch):
-    from verl_infsample.verl_cpu import VLLM_PATCHES, PatchMismatch, applying, load_patches
+    from verl_infsample.integration.cpu import VLLM_PATCHES, PatchMismatch, applying, load_patches
 
     patch = load_patches(VLLM_PATCHES)[0]
     monkeypatch.setattr(patch, "SOURCE_SHA256", "0" * 64)

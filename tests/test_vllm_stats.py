@@ -1,5 +1,5 @@
 """``vllm_stats``: one figure set, from vLLM's own per-step stats, for verl's vLLM server and ours; and the cleanup
-of what a CPU run leaves in /dev/shm and /tmp (``verl_cpu.leftovers``)."""
+of what a CPU run leaves in /dev/shm and /tmp (``integration.cpu.leftovers``)."""
 
 import os
 import subprocess
@@ -16,7 +16,7 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.stats import IterationStats, SchedulerStats
         from verl.workers.rollout.vllm_rollout import vllm_async_server as server
-        from verl_infsample.verl_rollout import vllm_stats
+        from verl_infsample.integration.rollout import vllm_stats
 
         assert server.AsyncLLM is AsyncLLM
         vllm_stats.instrument(server)
@@ -49,11 +49,11 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
     assert second == "0"
 
 
-def test_only_segments_and_sockets_that_nothing_uses_are_removed(tmp_path):
+def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path):
     import socket
     import uuid
 
-    from verl_infsample.verl_cpu import leftovers as shm
+    from verl_infsample.integration.cpu import leftovers as shm
 
     before = shm.listing()
     kept = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: in use
@@ -65,18 +65,22 @@ def test_only_segments_and_sockets_that_nothing_uses_are_removed(tmp_path):
     closed = socket.socket(socket.AF_UNIX)
     closed.bind(dead)
     closed.close()  # its process gone, the file stays
+    held, stale = (f"/tmp/vllm_dist_{uuid.uuid4().hex}" for _ in range(2))  # torch.distributed rendezvous files
+    held_file = open(held, "wb")  # a live vLLM's
+    open(stale, "wb").close()
     try:
-        assert {kept.name, orphan.name, bound, dead} <= shm.listing() - before
+        assert {kept.name, orphan.name, bound, dead, held, stale} <= shm.listing() - before
         removed = shm.remove_left_behind(before)
-        assert sorted(removed) == sorted([orphan.name, dead])
-        assert {kept.name, bound} <= shm.listing() and not {orphan.name, dead} & shm.listing()
+        assert sorted(removed) == sorted([orphan.name, dead, stale])
+        assert {kept.name, bound, held} <= shm.listing() and not {orphan.name, dead, stale} & shm.listing()
         snapshot = tmp_path / "shm"
-        assert subprocess.run([sys.executable, "-m", "verl_infsample.verl_cpu.leftovers", "snapshot", str(snapshot)],
+        assert subprocess.run([sys.executable, "-m", "verl_infsample.integration.cpu.leftovers", "snapshot", str(snapshot)],
                               check=True).returncode == 0
         assert set(snapshot.read_text().split()) == shm.listing()
     finally:
         listening.close()
-        for path in (bound, dead):
+        held_file.close()
+        for path in (bound, dead, held, stale):
             if os.path.exists(path):
                 os.unlink(path)
         kept.close()
@@ -91,7 +95,7 @@ def test_requests_are_seeded_by_prompt_and_arrival_rank_afresh_each_step():
     import asyncio
     import types
 
-    from verl_infsample.verl_rollout.request_seeds import seed_requests
+    from verl_infsample.integration.rollout.request_seeds import seed_requests
 
     class FakeServerRecordingParams:
         def __init__(self):

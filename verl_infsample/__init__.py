@@ -12,7 +12,7 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 __all__ = ["register", "router_config_path", "__version__"]
-ROUTERS = {"group_affinity": "verl_rollout/group_affinity_router.yaml"}
+ROUTERS = {"group_affinity": "integration/rollout/group_affinity_router.yaml"}
 
 logger = logging.getLogger(__name__)
 _registered = False
@@ -29,10 +29,10 @@ def register() -> None:
     from verl.workers.rollout import base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    base._ROLLOUT_REGISTRY[("infinite", "async")] = "verl_infsample.verl_rollout.adapter.InfiniteRolloutAdapter"
+    base._ROLLOUT_REGISTRY[("infinite", "async")] = "verl_infsample.integration.rollout.adapter.InfiniteRolloutAdapter"
 
     def load_replica():
-        from .verl_rollout.replica import InfiniteReplica
+        from .integration.rollout.replica import InfiniteReplica
 
         return InfiniteReplica
 
@@ -41,13 +41,13 @@ def register() -> None:
 
     # configs/infinite_grpo.yaml: router_config_path: ${infsample.router_config:group_affinity}
     OmegaConf.register_new_resolver("infsample.router_config", router_config_path, replace=True)
-    # trainer.v1.trainer_mode=infinite_sync (verl_balance): registered in whichever process imports verl's V1
+    # trainer.v1.trainer_mode=infinite_sync (integration.balance): registered in whichever process imports verl's V1
     # trainers (the TaskRunner actor), when it does, so no other process pays for that import.
-    from .import_hooks import when_imported
+    from .integration.import_hooks import when_imported
 
     when_imported("verl.trainer.ppo.v1", _register_trainer_mode)
-    from .verl_rollout.request_seeds import seed_requests_when_asked
-    from .verl_rollout.vllm_stats import instrument_when_asked
+    from .integration.rollout.request_seeds import seed_requests_when_asked
+    from .integration.rollout.vllm_stats import instrument_when_asked
 
     instrument_when_asked()  # verl's own vLLM server reports the same step figures as ours (infsample bench-verl)
     seed_requests_when_asked()  # and, for a like-for-like comparison, draws the same tokens
@@ -59,7 +59,7 @@ def register() -> None:
 
 def router_config_path(name: str = "group_affinity") -> str:
     """Absolute path of a router yaml shipped with the package, for ``actor_rollout_ref.rollout.router_config_path``
-    (verl's router hook; ``group_affinity``: ``verl_rollout.router.GroupAffinityRouter``)."""
+    (verl's router hook; ``group_affinity``: ``integration.rollout.router.GroupAffinityRouter``)."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
     return str(Path(__file__).resolve().parent / ROUTERS[name])
@@ -70,7 +70,7 @@ def _register_trainer_mode(_v1_module) -> None:
     import importlib
 
     try:
-        importlib.import_module("verl_infsample.verl_balance")  # registers on import (idempotent)
+        importlib.import_module("verl_infsample.integration.balance")  # registers on import (idempotent)
     except Exception:  # noqa: BLE001 - verl must keep working without our trainer mode
         logger.warning("verl-infsample: could not register trainer mode 'infinite_sync'", exc_info=True)
 
@@ -81,7 +81,7 @@ def _validating(validate_config):
     def validate(config, *args, **kwargs):
         rollout = config.actor_rollout_ref.rollout
         if rollout.get("name") == "infinite":
-            from .settings import settings_from_rollout, vllm_ordering
+            from .integration.settings import settings_from_rollout, vllm_ordering
 
             settings = settings_from_rollout(rollout)
             if settings.engine == "vllm":  # with auto, the server checks once the engine is known
@@ -103,7 +103,7 @@ def _check_router_config(path: str) -> None:
     from verl.utils.import_utils import resolve_config_path
 
     config = OmegaConf.to_container(OmegaConf.load(resolve_config_path(path)), resolve=True)
-    if config.get("router_class") == "verl_infsample.verl_rollout.router.GroupAffinityRouter":
-        from .verl_rollout.router import GroupAffinityConfig
+    if config.get("router_class") == "verl_infsample.integration.rollout.router.GroupAffinityRouter":
+        from .integration.rollout.router import GroupAffinityConfig
 
         GroupAffinityConfig.from_yaml(config, source=f"actor_rollout_ref.rollout.router_config_path={path}")

@@ -16,6 +16,7 @@ import sys
 
 from .core.capacity import KVBudget, SlotPool
 from .core.policies import POLICIES
+from .bench.report import format_table, progress
 from .core.trace import DISTRIBUTIONS, TraceError, read_trace, synth_trace, write_trace
 
 
@@ -61,10 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
     sim.set_defaults(func=_cmd_simulate)
 
-    from .bench_engine import add_bench_engine_parser
-    from .bench_verl import add_bench_verl_parser
+    from .bench.engine import add_bench_engine_parser
+    from .bench.in_verl import add_bench_verl_parser
     from .models.tiny import add_make_tiny_model_parser
-    from .predict.evaluate import add_eval_predictor_parser
+    from .bench.predictor import add_eval_predictor_parser
 
     add_make_tiny_model_parser(sub)
     add_bench_engine_parser(sub)
@@ -97,7 +98,7 @@ def _cmd_simulate(args) -> int:
     capacity = SlotPool(args.slots) if args.slots is not None else KVBudget(args.kv_budget)
     trace = read_trace(args.trace)
     results, timelines = [], {}
-    for name in _progress(policies, "simulate"):
+    for name in progress(policies, "simulate"):
         res, sched = simulate(trace, name, capacity, args.predictor, max_len=args.max_len, seed=args.seed,
                               fptas_eps=args.fptas_eps, prefill_chunk=args.prefill_chunk,
                               return_scheduler=True)
@@ -111,34 +112,11 @@ def _cmd_simulate(args) -> int:
                             "peak_active", "peak_kv_tokens", "preemptions", "recompute_tokens", "plan_ms",
                             "total_tokens"]))
     if args.plot:
-        from .plots import plot_kv_timelines
+        from .bench.plots import plot_kv_timelines
 
         plot_kv_timelines(timelines, args.plot, title=f"{args.trace} under {capacity}", unit="KV tokens")
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
-
-
-def format_table(rows: list[dict], columns: list[str]) -> str:
-    """A plain aligned text table (what people read in a terminal)."""
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
-
-
-def _progress(items, desc: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is a dependency, but the core must not need it
-        return items
-    return tqdm(items, desc=desc, file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
 
 
 if __name__ == "__main__":

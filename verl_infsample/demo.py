@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .bench_verl import parse_step_lines
-from .cli import format_table
+from .bench.in_verl import parse_step_lines
+from .bench.report import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "chains" / "run_grpo_cpu.sh"
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     k = max(1, min(3, len(rewards) // 2))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     print(f"mean reward: first {k} steps {first:.3f}, last {k} steps {last:.3f}")
-    from .plots import plot_demo
+    from .bench.plots import plot_demo
 
     plot_demo(rows, str(plot_path))
     print(f"plot of reward and rollout time per step: {plot_path}")

@@ -7,8 +7,7 @@ default the cached one is built or reused).
 
 One engine serves every case: 20 KV blocks of 32 tokens (19 usable, block 0 is vLLM's null block) and
 max_num_seqs=32, so verl's plain submission of 2 prompts x 8 samples is admitted at once and must preempt. It is the
-engine of verl's rollout server (``InfiniteServer`` with ``custom.engine=vllm``, built by ``build_engine`` from verl's
-rollout keys; verl and Ray are imported only on the request path, so the server runs here without them).
+engine the GPU check (``bench.gpu_check``) measures against verl's plain submission.
 """
 
 from __future__ import annotations
@@ -34,25 +33,14 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    """verl's rollout server as its replica builds it (a plain object here, not a Ray actor), decoding with vLLM."""
-    from verl_infsample.verl_rollout.server import InfiniteServer
-
-    rollout = {"custom": {"engine": "vllm", "predictor": "none", "batch_window_ms": 0}, "seed": 0,
-               "prompt_length": 256, "response_length": MAX_NEW, "max_num_seqs": MAX_SEQS, "max_model_len": 512,
-               "gpu_memory_utilization": 0.1, "enforce_eager": True, "dtype": "float32",
-               "enable_sleep_mode": True,  # verl's default; vLLM's CPU platform has no sleep mode
-               "engine_kwargs": {"vllm": {"num_gpu_blocks_override": KV_BLOCKS, "block_size": BLOCK}}}
-    return InfiniteServer(rollout, {"path": model_dir})
-
-
-@pytest.fixture(scope="module")
-def engine(server):
+def engine(model_dir):
     from verl_infsample.engines.vllm_engine import VLLMEngine
 
-    e = server.engine
-    assert isinstance(e, VLLMEngine)
+    e = VLLMEngine(model_dir, dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=MAX_SEQS, max_model_len=512,
+                   enforce_eager=True, seed=0, num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK,
+                   enable_sleep_mode=True)  # as verl's default; vLLM's CPU platform has none: the engine starts without
     assert (e.kv_blocks, e.block_size, e.max_num_seqs, e.max_model_len) == (KV_BLOCKS, BLOCK, MAX_SEQS, 512)
+    assert e.enable_sleep_mode is False
     return e
 
 
@@ -134,7 +122,7 @@ def test_the_learned_predictor_reads_vllms_tokens_at_its_checkpoints(engine, pro
     import math
 
     from verl_infsample.core.capacity import SlotPool
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
 
     learned = make_predictor("learned:k=8,min=4", max_len=MAX_NEW)
     seen = []
@@ -177,7 +165,7 @@ def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, p
     assert oracle.vllm.peak_kv_usage >= 0.9, "block-exact admission fills vLLM's cache"
     assert oracle.vllm.computed_tokens <= plain.vllm.computed_tokens
 
-    from verl_infsample.core.predictor import make_predictor
+    from verl_infsample.predict import make_predictor
 
     history = make_predictor("history", max_len=MAX_NEW)
     engine.rollout(prompts[0], G, _params(prompts, seed=1), predictor=history)  # GRPO's previous epoch
@@ -210,89 +198,6 @@ def test_large_groups_no_preemption_fewer_tokens_no_more_steps(engine, prompts):
                       "computed_plain": big.vllm.computed_tokens, "computed_oracle": oracle.vllm.computed_tokens}))
 
 
-def _server_batch(prompts, server):
-    """verl's requests for 2 groups of G: one per sample, the sample index as session id."""
-    from verl_infsample.verl_rollout.server import _Request
-
-    return [_Request(request_id=f"{g}/{i}", prompt_ids=list(p), temperature=1.0, top_p=1.0, top_k=-1, logprobs=True,
-                     max_tokens=MAX_NEW, session_id=i, future=None, stop_token_ids=server.stop_ids)
-            for g, p in enumerate(prompts[0]) for i in range(G)]
-
-
-def test_the_verl_server_decodes_with_vllm(server, engine, prompts):
-    """The server's capacity is vLLM's whole KV cache (no slots or kv_budget set); one result per request, and the
-    same tokens as verl's plain vLLM path keyed the server's way (prompt key, step seed, stop ids)."""
-    from verl_infsample.core.capacity import PagedKVBudget
-    from verl_infsample.engines.sampling import SamplingParams
-    from verl_infsample.verl_rollout.server import prompt_key
-
-    capacity = server._capacity()
-    assert isinstance(capacity, PagedKVBudget) and capacity.max_running == MAX_SEQS
-    batch = _server_batch(prompts, server)
-    results = server._rollout(batch)
-    assert len(results) == len(batch)
-    for tokens, logprobs, preempted, stop in results:
-        assert stop == "completed" and 1 <= len(tokens) <= MAX_NEW and len(logprobs) == len(tokens)
-    assert server.last_rollout_metrics["infsample/samples"] == 2 * G
-    assert server.last_rollout_metrics["infsample/preemptions"] == 0
-    params = SamplingParams(max_new_tokens=MAX_NEW, stop_token_ids=server.stop_ids, seed=server._step_seed())
-    plain = engine.rollout_plain(prompts[0], G, params, prompt_ids=[prompt_key(p) for p in prompts[0]])
-    assert [r[0] for r in results] == [o.token_ids for group in plain.outputs for o in group]
-    print(json.dumps({"run": "server engine=vllm", "decode_steps": server.last_rollout_metrics["infsample/decode_steps"],
-                      "plain_engine_steps": plain.vllm.engine_steps, "tokens": plain.total_tokens}))
-
-
-def test_sleep_mode_where_the_platform_has_none(server, engine, prompts):
-    """verl asks for sleep mode by default (rollout.enable_sleep_mode); vLLM's CPU platform has none and would refuse
-    to start with it, so the engine starts without it, and the server's sleep / wake_up free nothing: it decodes the
-    same afterwards (on a GPU, sleep frees weights and KV: scripts/gpu_check.sh measures it)."""
-    import asyncio
-
-    assert engine.enable_sleep_mode is False and not server._sleeps()
-    batch = _server_batch(prompts, server)
-    before = [r[0] for r in server._rollout(batch)]
-
-    async def cycle():
-        await server.sleep()
-        await server.release_kv_cache()
-        await server.resume_kv_cache()
-        await server.wake_up(tags=["weights"])
-        await server.wake_up(tags=["kv_cache"])
-
-    asyncio.run(cycle())
-    assert server._asleep == set()
-    assert [r[0] for r in server._rollout(_server_batch(prompts, server))] == before
-
-
-def test_the_servers_abort_stops_the_vllm_batch_at_its_next_step(server, engine, prompts):
-    """abort_all_requests' hook (on_step): the batch stops after the step it was set in; unfinished samples return
-    their tokens so far, "aborted" (a prefix of what they decode undisturbed), and nothing is left in vLLM."""
-    from verl_infsample.verl_rollout.server import InfiniteServer
-
-    full = [r[0] for r in server._rollout(_server_batch(prompts, server))]
-    steps = []
-
-    def abort_at_step_5(sched):
-        steps.append(1)
-        if len(steps) == 5:
-            server._abort.set()  # what abort_all_requests does, from the event loop's thread
-        InfiniteServer._stop_if_aborted(server, sched)
-
-    server._stop_if_aborted = abort_at_step_5
-    try:
-        results = server._rollout(_server_batch(prompts, server))
-    finally:
-        del server._stop_if_aborted
-        server._abort.clear()
-    assert len(steps) == 5 and len(results) == 2 * G
-    assert not engine.llm.has_unfinished_requests() and not engine._requests
-    aborted = [(tokens, want) for (tokens, _, _, stop), want in zip(results, full) if stop == "aborted"]
-    assert aborted and any(tokens for tokens, _ in aborted)
-    for (tokens, _, _, stop), want in zip(results, full):
-        assert tokens == want[:len(tokens)] and len(tokens) <= 5
-        assert stop == ("completed" if tokens == want and len(want) <= 5 else "aborted")
-
-
 def test_a_failing_rollout_aborts_every_request(engine, prompts):
     from verl_infsample.core.capacity import SlotPool
 
@@ -310,34 +215,6 @@ def test_a_failing_rollout_aborts_every_request(engine, prompts):
     assert len(r.outputs[0]) == 2
 
 
-def test_new_weights_through_the_servers_update_weights_change_every_linear_layers_output(server, engine, prompts,
-                                                                                          model_dir):
-    """What verl's weight sync sends (the adapter's buckets of HF-named tensors, ``InfiniteServer.update_weights``)
-    reaches every linear layer vLLM decodes with: perturbing them all changes the greedy decode, and the original
-    tensors bring it back exactly. On the CPU this needs patches/vllm_cpu_keep_linear_weights.py (vLLM drops a linear
-    layer's weight once it has packed it) and the re-pack after loading."""
-    import asyncio
-
-    import torch
-    from safetensors.torch import load_file
-
-    from verl_infsample.core.capacity import SlotPool
-
-    greedy = _params(prompts, temperature=0.0)
-    before = _tokens(engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4)))
-    weights = load_file(os.path.join(model_dir, "model.safetensors"))
-    linear = {n: w for n, w in weights.items() if n.endswith("proj.weight")}
-    assert len(linear) >= 7 * 2  # q, k, v, o, gate, up, down of every layer
-    gen = torch.Generator().manual_seed(0)
-    perturbed = {n: w + 0.5 * w.std() * torch.randn(w.shape, generator=gen, dtype=w.dtype) for n, w in linear.items()}
-    assert asyncio.run(server.update_weights(perturbed)) >= 1  # vLLM's count: fused q/k/v and gate/up count once
-    changed = _tokens(engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4)))
-    assert changed != before
-    for name in linear:  # one layer at a time back: each one counts (the decode moves back only with all of them)
-        asyncio.run(server.update_weights({name: linear[name]}))
-    assert _tokens(engine.rollout(prompts[0], 2, greedy, capacity=SlotPool(4))) == before
-
-
 def test_bad_capacity_is_a_clear_error(engine, prompts):
     from verl_infsample.core.capacity import KVBudget, SlotPool
 
@@ -350,7 +227,7 @@ def test_bad_capacity_is_a_clear_error(engine, prompts):
 
 
 def test_gpu_check_dry_run_prints_the_comparison(capsys):
-    from verl_infsample import gpu_check
+    from verl_infsample.bench import gpu_check
 
     assert gpu_check.main(["--dry-run", "--n", "8", "--prompts", "2", "--max-new-tokens", "48"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

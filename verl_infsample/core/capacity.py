@@ -23,12 +23,6 @@ def whole_blocks(tokens, block_size: int):
     return -(-tokens // block_size) * block_size
 
 
-FEW_SAMPLES = 16
-"""Sets of up to this many samples are accounted in plain Python, not as arrays: numpy's cost per call, the same at
-any size, is most of a small set's accounting (a KV projection makes about 25 calls, ~60 us); measured 2-6x faster
-at 4-16 samples, and slower than the arrays past about 20 when whole blocks are charged."""
-
-
 @dataclass(frozen=True)
 class SampleArrays:
     """A set of samples as arrays: what the KV accounting reads. Built once per admission round (the running set
@@ -75,16 +69,6 @@ class Ledger(Protocol):
     running: list[Sample]
 
     def running_arrays(self) -> SampleArrays: ...
-
-    def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int: ...
-
-
-def running_set(ledger: Ledger, extra: Sample | None = None) -> list[Sample] | SampleArrays:
-    """The ledger's running set (plus ``extra``) as the accounting reads it fastest: the samples themselves up to
-    ``FEW_SAMPLES`` of them, else the admission round's arrays (``Ledger.running_arrays``)."""
-    if ledger.num_running + (extra is not None) <= FEW_SAMPLES:
-        return ledger.running if extra is None else [*ledger.running, extra]
-    return ledger.running_arrays() if extra is None else ledger.running_arrays().plus(extra)
 
 
 @dataclass(frozen=True)
@@ -143,43 +127,64 @@ class KVBudget:
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         """The running set's projected peak, ``sample`` included, fits (and the engine's cap on running samples)."""
-        return self._below_max_running(ledger) and self.projected_peak(sample, ledger) <= self.limit
-
-    def projected_peak(self, sample: Sample, ledger: Ledger) -> int:
-        """Peak use of the running set plus ``sample`` if each ends at its predicted length, in ``limit``'s unit."""
-        return ledger.projected_peak_tokens(extra=sample, block_size=self.block_size)
+        return self._below_max_running(ledger) and self.projected_peak(ledger.running_arrays().plus(sample)) <= self.limit
 
     def _below_max_running(self, ledger: Ledger) -> bool:
         return self.max_running is None or ledger.num_running < self.max_running
 
-    def own(self, prompt_len: int, generated):
+    # The KV accounting: what a sample and a prompt hold, now (``in_use``) and at the projected peak
+    # (``projected_peak``), in ``limit``'s unit. A subclass changes what one sample and one prompt hold (``_offset``,
+    # ``_unit``, ``prompt_footprint``); the sums are these two, for every budget, the scheduler and the plans.
+    _unit = 1  # tokens per unit of ``limit``
+
+    def _offset(self, prompt_len):
+        """Tokens a sample's own blocks hold besides its generated ones, in the step that decodes its next token:
+        here the one being fed."""
+        return 1
+
+    def own(self, prompt_len, generated):
         """What a sample that has generated ``generated`` tokens (a number or an array) holds of its own in the step
         that decodes its next token."""
-        return self.whole_blocks(generated + 1)
+        return self.whole_blocks(self._offset(prompt_len) + generated) // self._unit
 
     def in_use(self, running: list[Sample] | SampleArrays, ahead: int = 0) -> int:
         """What the next step (or the one ``ahead`` steps later, if none of them finishes) allocates for
         ``running``; under a budget a group holds its prompt exactly while one of its samples runs."""
-        if not isinstance(running, SampleArrays) and len(running) <= FEW_SAMPLES:
-            prompts: dict[int, int] = {}
-            own = 0
-            for s in running:
-                own += self.own(s.prompt_len, s.generated + ahead)
-                prompts.setdefault(s.group, s.prompt_len)
-            return int(own + sum(self.prompt_footprint(p) for p in prompts.values()))
         arrays = running if isinstance(running, SampleArrays) else SampleArrays.of(running)
         if not len(arrays):
             return 0
         return int(self.own(arrays.prompt_len, arrays.generated + ahead).sum()
-                   + sum(self.prompt_footprint(int(p)) for p in arrays.group_prompts()))
+                   + self.prompt_footprint(arrays.group_prompts()).sum())
+
+    def projected_peak(self, running: list[Sample] | SampleArrays) -> int:
+        """Peak use of ``running`` if each sample ends at its predicted length.
+
+        Usage grows by one token per running sample per step and drops when a sample (or a group's last sample)
+        finishes, so the peak is reached in some sample's last step: at step t (0 = the next one) every sample with
+        more than t steps left holds ``own(generated + t)``, and every group with such a sample its prompt.
+        Admitting against this projection (not against the sum of final lengths) lets short samples use the memory
+        long ones have not grown into yet, and still never plans past the budget."""
+        arrays = running if isinstance(running, SampleArrays) else SampleArrays.of(running)
+        if not len(arrays):
+            return 0
+        steps = np.ceil(arrays.remaining - 1e-9).astype(np.int64)  # steps still to run (>= 1)
+        order = np.argsort(-steps, kind="stable")
+        at = steps[order] - 1  # candidate peak times, latest first
+        base = (self._offset(arrays.prompt_len) + arrays.generated)[order]
+        own = held_in_blocks(base, at, self.block_size) // self._unit
+        prompt_lens, group_steps = arrays.group_ends(steps)  # a prompt is held until its group's last sample ends
+        latest = np.argsort(-group_steps, kind="stable")
+        prompts = np.cumsum(self.prompt_footprint(prompt_lens[latest]))
+        held = np.searchsorted(-group_steps[latest], -(at + 1), side="right")  # groups still running at each time
+        return int(np.max(own + prompts[held - 1]))
 
     def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
         """Admission without reserving growth (the ``plain`` baseline): the next step, ``sample`` included, fits."""
-        return self._below_max_running(ledger) and self.in_use(running_set(ledger, sample)) <= self.limit
+        return self._below_max_running(ledger) and self.in_use(ledger.running_arrays().plus(sample)) <= self.limit
 
     def overflows(self, ledger: Ledger) -> bool:
         """Would the next decode step (one token per running sample) exceed the budget?"""
-        return self.in_use(running_set(ledger)) > self.limit
+        return self.in_use(ledger.running_arrays()) > self.limit
 
     @property
     def limit(self) -> int:
@@ -194,9 +199,9 @@ class KVBudget:
         plan packs these (``core/skyline.py``)."""
         return self.own(prompt_len, np.arange(steps))
 
-    def prompt_footprint(self, prompt_len: int) -> int:
-        """What a group's prompt holds while any of its samples runs."""
-        return int(self.whole_blocks(prompt_len))
+    def prompt_footprint(self, prompt_len):
+        """What a group's prompt (a length or an array of them) holds while any of its samples runs."""
+        return self.whole_blocks(prompt_len)
 
     def lanes(self, mean_footprint: float) -> int:
         """How many samples of average (predicted) footprint fit at once: the plan's lane count."""
@@ -240,42 +245,53 @@ class PagedKVBudget(KVBudget):
         """Whole prompt blocks a group's samples share (the prefix cache); numbers or arrays."""
         return (prompt_len - self.tail(prompt_len)) // self.block_size
 
-    def own(self, prompt_len: int, generated):
-        """Blocks of its own a sample holds in the step that decodes its next token."""
-        return -(-(self.tail(prompt_len) + generated) // self.block_size)
+    @property
+    def _unit(self) -> int:
+        return self.block_size
+
+    def _offset(self, prompt_len):
+        """The prompt's tail: a sample's own first block holds it."""
+        return self.tail(prompt_len)
 
     @property
     def limit(self) -> int:
         return self.blocks
 
-    def prompt_footprint(self, prompt_len: int) -> int:
+    def prompt_footprint(self, prompt_len):
         return self.shared_blocks(prompt_len)
 
     unit = "blocks"
     raise_what = "kv_budget (or the engine's KV blocks)"
 
-    def projected_peak_blocks(self, members: list[Sample] | SampleArrays) -> int:
-        """Peak blocks of ``members`` if each ends at its predicted length: every candidate time is a sample's last
-        step (between two of them no sample leaves and every sample's blocks only grow)."""
-        arrays = members if isinstance(members, SampleArrays) else SampleArrays.of(members)
-        if not len(arrays):
-            return 0
-        bs = self.block_size
-        steps = np.ceil(arrays.remaining - 1e-9).astype(np.int64)  # steps still to run
-        base = self.tail(arrays.prompt_len) + arrays.generated
-        at = np.unique(steps - 1)  # candidate peak times, 0 = the next step
-        runs = at[None, :] < steps[:, None]
-        own = ((base[:, None] + at[None, :] + bs - 1) // bs * runs).sum(axis=0)
-        prompt_lens, group_end = arrays.group_ends(steps)
-        shared = self.shared_blocks(prompt_lens)
-        prompts = (shared[:, None] * (at[None, :] < group_end[:, None])).sum(axis=0)
-        return int(np.max(own + prompts))
-
-    def projected_peak(self, sample: Sample, ledger: Ledger) -> int:
-        return self.projected_peak_blocks(ledger.running_arrays().plus(sample))
-
     def __str__(self) -> str:
         return f"kv_budget={self.blocks} blocks of {self.block_size} tokens"
+
+
+_DIRECT_UP_TO = 40  # samples up to which held_in_blocks sums the [m, m] matrix (~40 us either way there; measured)
+
+
+def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndarray:
+    """For each candidate time ``at[j]`` (``at`` descending): what the samples still running then (``at[i] >=
+    at[j]``) hold, sample i ``whole_blocks(generated[i] + at[j], block)`` tokens.
+
+    Per sample that is block * (q_i + Q + [r_i + R > 0] + [r_i + R > block]), with generated = block * q + r and
+    at[j] = block * Q + R, so prefix sums of q and prefix counts of r give every candidate time in O(m * block)
+    rather than the [m, m] matrix of every sample at every time (which took most of a step's scheduling at a few
+    hundred samples running). Up to ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
+    m = len(at)
+    if m <= _DIRECT_UP_TO:
+        return (whole_blocks(generated[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)
+    last = np.searchsorted(-at, -at, side="right") - 1  # the last sample still running at at[j] (ties included)
+    q, r = np.divmod(generated.astype(np.int64), block)
+    at_least = np.zeros((m, block + 1), dtype=np.int64)  # at_least[k, v]: samples i <= k with r_i >= v
+    at_least[np.arange(m), r] = 1
+    at_least = np.cumsum(np.cumsum(at_least[:, ::-1], axis=1)[:, ::-1], axis=0)
+    whole = np.floor(at / block)
+    part = at - whole * block
+    running = last + 1
+    past_start = np.where(part > 0, running, at_least[last, 1])  # r_i + R > 0
+    past_end = at_least[last, np.minimum(np.floor(block - part).astype(np.int64) + 1, block)]  # r_i + R > block
+    return block * (np.cumsum(q)[last] + running * whole + past_start + past_end)
 
 
 Capacity = SlotPool | KVBudget

@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from .fptas import fptas_schedule
+from .predictor import LengthPredictor, OraclePredictor
 from .sample import Sample, SampleState
 from .skyline import Footprints, plan_skyline
 
@@ -46,7 +47,7 @@ class Policy:
     uses_predictor = False  # baselines reserve max_len; predictive policies reserve predicted_len
     ignores_capacity = False
     reserves_growth = True  # admit only if the projected peak fits; False: if the next step fits (overcommit)
-    forced_predictor: str | None = None
+    forced_predictor: Callable[[], LengthPredictor] | None = None  # e.g. oracle: the true lengths
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         """Called once with every sample of the batch, in (group, index) order.
@@ -334,7 +335,7 @@ class InfiniteSamplingPolicy(Policy):
 
 class OraclePolicy(InfiniteSamplingPolicy):
     name = "oracle"
-    forced_predictor = "oracle"
+    forced_predictor = OraclePredictor
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict, deque
 from itertools import accumulate
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -167,43 +167,9 @@ class HistoryPredictor:
         return self._tails[key]
 
 
-PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {
-    "oracle": lambda arg, seed, max_len: OraclePredictor(),
-    "noisy": lambda arg, seed, max_len: NoisyOraclePredictor(_float_arg("noisy", arg), seed, max_len),
-    "none": lambda arg, seed, max_len: NoInformationPredictor(max_len),
-    "history": lambda arg, seed, max_len: HistoryPredictor(max_len),
-    "learned": lambda arg, seed, max_len: _learned(arg, max_len),
-}
-_TAKE_ARGS = ("noisy", "learned")
-
-
-def make_predictor(spec: str, *, seed: int = 0, max_len: int) -> LengthPredictor:
-    """Build a predictor from its spec string, e.g. ``noisy:0.3``."""
-    name, _, arg = spec.partition(":")
-    if name not in PREDICTORS:
-        raise ValueError(f"unknown predictor {spec!r}; choose one of: oracle, noisy:SIGMA, none, history, "
-                         "learned[:k=K,forget=F,min=N,q=Q,state=PATH]")
-    if arg and name not in _TAKE_ARGS:
-        raise ValueError(f"predictor {name!r} takes no argument, got {spec!r}")
-    return PREDICTORS[name](arg, seed, max_len)
-
-
-def _learned(arg: str, max_len: int) -> LengthPredictor:
-    from ..predict.learned import parse_learned_spec  # numpy only; lives outside the core, which it builds on
-
-    return parse_learned_spec(arg, max_len)
-
-
 def _spread(values: list[int], k: int) -> list[int]:
     """At most ``k`` of ``values``, evenly spaced over their sorted order (a size-``k`` summary of their spread)."""
     ordered = sorted(values)
     if len(ordered) <= k:
         return ordered
     return [ordered[(2 * i + 1) * len(ordered) // (2 * k)] for i in range(k)]
-
-
-def _float_arg(name: str, arg: str) -> float:
-    try:
-        return float(arg)
-    except ValueError:
-        raise ValueError(f"predictor '{name}:SIGMA' needs a number for SIGMA, got {arg!r} (e.g. {name}:0.3)") from None

@@ -23,9 +23,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .capacity import Capacity, KVBudget, SampleArrays, SlotPool, running_set, whole_blocks
+from .capacity import Capacity, KVBudget, SampleArrays, SlotPool
 from .policies import Policy, make_policy
-from .predictor import LengthPredictor, make_predictor
+from .predictor import LengthPredictor
 from .sample import Group, Sample, SampleState
 
 
@@ -199,37 +199,6 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def projected_peak_tokens(self, extra: Sample | None = None, block_size: int = 1) -> int:
-        """Peak KV the running set (plus ``extra``) will reach if every sample ends at its predicted length.
-
-        Usage grows by one token per running sample per step and drops when a sample (or a group's last sample)
-        finishes, so the peak is reached just before some finish: at t = r, the samples with remaining >= r hold
-        generated + r tokens each, plus the prompts of groups with a member still running. Admitting against this
-        projection (not against the sum of final lengths) lets short samples use the memory long ones have not
-        grown into yet, and still never plans past the budget. ``block_size``: each sample and each prompt is charged
-        in whole blocks of that many tokens (what a paged store allocates). Read under a KV budget only, where a
-        group holds its prompt exactly while one of its samples runs.
-        """
-        members = running_set(self, extra)
-        if not isinstance(members, SampleArrays):
-            return peak_of_few([(s.remaining_predicted(), s.generated, s.group, s.prompt_len) for s in members],
-                               block_size)
-        if not len(members):
-            return 0
-        rem, gen = members.remaining, members.generated.astype(float)
-        order = np.argsort(-rem, kind="stable")
-        at = rem[order]  # candidate peak times, latest first
-        if block_size == 1:
-            sample_tokens = np.cumsum(gen[order]) + np.arange(1, len(at) + 1) * at
-        else:  # a sample still running at candidate time at[j] (rem >= at[j]) holds whole blocks then
-            sample_tokens = held_in_blocks(gen[order], at, block_size)
-        prompt_lens, group_end = members.group_ends(rem)  # a prompt is held until its group's last sample ends
-        latest = np.argsort(-group_end, kind="stable")
-        ends = group_end[latest]
-        prompts = np.cumsum(whole_blocks(prompt_lens[latest], block_size))
-        held = np.searchsorted(-ends, -at, side="right")  # groups still holding their prompt at each time
-        return int(np.max(sample_tokens + prompts[held - 1]))
-
     def running_arrays(self) -> SampleArrays:
         """The running set as arrays; built once per admission round (while ``admit`` checks candidates the running
         set changes only by its own admissions, which it appends), else fresh."""
@@ -377,61 +346,6 @@ class Scheduler:
         return out
 
 
-def peak_of_few(members: list[tuple[float, int, int, int]], block: int) -> int:
-    """``Scheduler.projected_peak_tokens`` of a few ``members`` (remaining, generated, group, prompt length), summed
-    in plain Python (``capacity.FEW_SAMPLES``): the same numbers as the array path, in the same order, so the same
-    result to the bit. At each candidate time (a member's remaining steps, latest first) every member still running then
-    holds its generated tokens plus that time, in whole blocks, and each group with one still running its prompt."""
-    members = sorted(members, key=lambda m: -m[0])  # (stable, as the array path's argsort)
-    gens = [m[1] for m in members]
-    peak, prompts, held, generated = None, 0, set(), 0.0
-    j = 0
-    while j < len(members):
-        at, k = members[j][0], j
-        while k < len(members) and members[k][0] == at:  # ties end together: all of them run until ``at``
-            _, gen, group, prompt_len = members[k]
-            if group not in held:
-                held.add(group)
-                prompts += whole_blocks(prompt_len, block)
-            if block == 1:
-                generated += gen
-            k += 1
-        if block == 1:
-            tokens = generated + k * at
-        else:
-            tokens = sum(-(-(gen + at) // block) for gen in gens[:k]) * block  # (whole blocks, exact)
-        peak = tokens + prompts if peak is None else max(peak, tokens + prompts)
-        j = k
-    return int(peak) if peak is not None else 0
-
-
-_DIRECT_UP_TO = 40  # samples up to which held_in_blocks sums the [m, m] matrix (~40 us either way there; measured)
-
-
-def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndarray:
-    """For each candidate time ``at[j]`` (``at`` descending): what the samples still running then (``at[i] >=
-    at[j]``) hold, sample i ``whole_blocks(generated[i] + at[j], block)`` tokens.
-
-    Per sample that is block * (q_i + Q + [r_i + R > 0] + [r_i + R > block]), with generated = block * q + r and
-    at[j] = block * Q + R, so prefix sums of q and prefix counts of r give every candidate time in O(m * block)
-    rather than the [m, m] matrix of every sample at every time (which took most of a step's scheduling at a few
-    hundred samples running). Up to ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
-    m = len(at)
-    if m <= _DIRECT_UP_TO:
-        return (whole_blocks(generated[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)
-    last = np.searchsorted(-at, -at, side="right") - 1  # the last sample still running at at[j] (ties included)
-    q, r = np.divmod(generated.astype(np.int64), block)
-    at_least = np.zeros((m, block + 1), dtype=np.int64)  # at_least[k, v]: samples i <= k with r_i >= v
-    at_least[np.arange(m), r] = 1
-    at_least = np.cumsum(np.cumsum(at_least[:, ::-1], axis=1)[:, ::-1], axis=0)
-    whole = np.floor(at / block)
-    part = at - whole * block
-    running = last + 1
-    past_start = np.where(part > 0, running, at_least[last, 1])  # r_i + R > 0
-    past_end = at_least[last, np.minimum(np.floor(block - part).astype(np.int64) + 1, block)]  # r_i + R > block
-    return block * (np.cumsum(q)[last] + running * whole + past_start + past_end)
-
-
 def reported_checkpoints(predictor: LengthPredictor, capacity: Capacity, max_len: int) -> frozenset[int]:
     """Token counts at which engines report a running sample's tokens to a predictor that reads them: its
     ``token_checkpoints`` (default: every token), or under M slots, where nothing reads a running sample's
@@ -441,15 +355,14 @@ def reported_checkpoints(predictor: LengthPredictor, capacity: Capacity, max_len
     return frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
 
 
-def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: str | LengthPredictor,
-                    max_len: int, *, seed: int = 0, fptas_eps: float = 0.02,
+def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: LengthPredictor,
+                    max_len: int, *, fptas_eps: float = 0.02,
                     true_lengths: list[list[int]] | None = None,
                     prompt_tokens: list[Sequence[int] | None] | None = None,
                     first_tokens: Callable[[list[Sample]], list] | None = None) -> Scheduler:
-    """A ``Scheduler`` for a policy by name and a predictor by spec (or an instance, e.g. one that learns across
-    rollouts); a policy that brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
+    """A ``Scheduler`` for a policy by name (``predict.make_predictor`` builds a predictor by spec); a policy that
+    brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
     pol = make_policy(policy, slots=capacity.slots if isinstance(capacity, SlotPool) else None, fptas_eps=fptas_eps)
-    spec = pol.forced_predictor or predictor
-    pred = make_predictor(spec, seed=seed, max_len=max_len) if isinstance(spec, str) else spec
+    pred = pol.forced_predictor() if pol.forced_predictor is not None else predictor
     return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens,
                      first_tokens=first_tokens)

@@ -16,6 +16,7 @@ from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from ..core.trace import TracePrompt
+from ..predict.factory import as_predictor
 from .base import run_rollout
 
 
@@ -142,7 +143,8 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
                          f"max_len (--max-len) to at least {longest}, or leave it unset to use the trace's longest")
     groups = [Group(p.prompt_id, p.prompt_len, p.group_size) for p in trace]
     replay = ReplayEngine(trace, prefill_chunk) if all(p.tokens is not None for p in trace) else None
-    sched = build_scheduler(groups, policy, capacity, predictor, max_len, seed=seed, fptas_eps=fptas_eps,
+    sched = build_scheduler(groups, policy, capacity, as_predictor(predictor, seed=seed, max_len=max_len), max_len,
+                            fptas_eps=fptas_eps,
                             true_lengths=[list(p.lengths) for p in trace],
                             prompt_tokens=[p.prompt_tokens for p in trace],
                             first_tokens=replay.first_tokens if replay else None)

@@ -32,6 +32,7 @@ from ..core.policies import open_prompt_allowance
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
+from ..predict.factory import as_predictor
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
 from .shared_prefix import SharedPromptDecode, shares_prompt, use_shared_prefix_attention
@@ -91,9 +92,11 @@ class EngineRollout:
 
 
 class TransformersEngine:
-    def __init__(self, model, *, block_size: int = 16, kv_dtype: torch.dtype | None = None, sampler: str = "auto"):
+    def __init__(self, model, *, block_size: int = 16, kv_dtype: torch.dtype | None = None, sampler: str = "auto",
+                 enable_sleep_mode: bool = False):
         """``sampler``: ``numpy`` (host, float64), ``torch`` (the model's device, float64) or ``auto`` (torch on a
-        GPU, numpy on the CPU). The two draw different tokens for the same seed; each is schedule-invariant."""
+        GPU, numpy on the CPU). The two draw different tokens for the same seed; each is schedule-invariant.
+        ``enable_sleep_mode``: ``sleep`` / ``wake_up`` free the device between rollouts (verl's rollout lifecycle)."""
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         cfg = model.config
@@ -111,15 +114,18 @@ class TransformersEngine:
         self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, kv_dtype or self.dtype,
                               self.device, block_size)
         self.forward_passes = 0
+        self.enable_sleep_mode = enable_sleep_mode
+        self.asleep: set[str] = set()  # what sleep has freed and wake_up not yet restored: "weights", "kv_cache"
         self._reset_batch()
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                        block_size: int = 16, sampler: str = "auto") -> "TransformersEngine":
+                        block_size: int = 16, sampler: str = "auto",
+                        enable_sleep_mode: bool = False) -> "TransformersEngine":
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
-        return cls(model, block_size=block_size, sampler=sampler)
+        return cls(model, block_size=block_size, sampler=sampler, enable_sleep_mode=enable_sleep_mode)
 
     # --- the whole rollout ----------------------------------------------------------------------------------------
     def rollout(self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], params: SamplingParams, *,
@@ -132,6 +138,8 @@ class TransformersEngine:
         A sample's random stream is keyed by (params.seed, its prompt id, its index in the group), or by
         ``stream_indices[group][index]`` when given (a server decoding part of a group: samples 20..31 of 32).
         """
+        if self.asleep:
+            raise RuntimeError(f"rollout while {sorted(self.asleep)} sleep: wake_up() first")
         sizes, prompt_ids = check_batch(
             prompts, n, prompt_ids, params.max_new_tokens, self.max_positions,
             f"the model's context of {self.max_positions} (max_position_embeddings); shorten the prompt or lower "
@@ -150,8 +158,9 @@ class TransformersEngine:
             params.seed, groups[s.group].prompt_id,
             s.index if stream_indices is None else int(stream_indices[s.group][s.index]))
         try:
-            sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
-                                    fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=prompts,
+            pred = as_predictor(predictor, seed=params.seed, max_len=params.max_new_tokens)
+            sched = build_scheduler(groups, policy, capacity, pred, params.max_new_tokens, fptas_eps=fptas_eps,
+                                    true_lengths=true_lengths, prompt_tokens=prompts,
                                     first_tokens=self._first_tokens)
         except BaseException:
             self._free_all([])  # a lookahead that failed midway may hold a prompt's blocks
@@ -277,6 +286,31 @@ class TransformersEngine:
                 params[name].copy_(tensor.to(params[name].dtype))
                 loaded += 1
         return loaded
+
+    # --- sleep mode --------------------------------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the device while verl trains, as vLLM's sleep level 1 does: the weights go to host memory and come back
+        as they were; the KV store holds nothing between rollouts, so "kv_cache" frees nothing more."""
+        if level != 1:
+            raise ValueError(f"sleep level {level}: the transformers engine has level 1 only (weights kept on the host)")
+        self._need_sleep_mode()
+        if "weights" not in self.asleep and self.device.type != "cpu":
+            self.model.to("cpu")
+            getattr(torch, self.device.type).empty_cache()
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed: ``tags`` of "weights", "kv_cache" (all by default)."""
+        self._need_sleep_mode()
+        tags = {"weights", "kv_cache"} if tags is None else set(tags)
+        if "weights" in tags & self.asleep and self.device.type != "cpu":
+            self.model.to(self.device)
+        self.asleep -= tags
+
+    def _need_sleep_mode(self) -> None:
+        if not self.enable_sleep_mode:
+            raise ValueError("sleep/wake_up need the engine built with enable_sleep_mode=True "
+                             "(verl: actor_rollout_ref.rollout.enable_sleep_mode)")
 
     # --- internals -------------------------------------------------------------------------------------------------
     def _first_tokens(self, samples: list[Sample]) -> list:

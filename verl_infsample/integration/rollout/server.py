@@ -2,8 +2,7 @@
 
 verl's agent loop sends a prompt's n samples as n separate ``generate`` calls. The server collects the requests
 that arrive within a short window, recognises a group by its prompt tokens (one prompt KV for all its samples),
-and plans the whole batch with the Infinite Sampling scheduler on the engine ``custom.engine`` names
-(``build_engine``: ``TransformersEngine`` or ``VLLMEngine``). Every request gets exactly one ``TokenOutput``; if the
+and plans the whole batch with the Infinite Sampling scheduler on the transformers engine (``build_engine``). Every request gets exactly one ``TokenOutput``; if the
 rollout fails, every request of the batch fails with it.
 
 ``abort_all_requests`` / ``resume_generation`` follow verl's vLLM server: abort closes a gate, returns queued
@@ -21,10 +20,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..settings import ENGINES, choose_dtype, choose_engine, config_value, settings_from_rollout
+from ..settings import choose_dtype, config_value, settings_from_rollout
 
 logger = logging.getLogger(__name__)
-SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what an engine's sleep mode frees (vLLM's wake_up tags)
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what the engine's sleep mode frees (vLLM's wake_up tags)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
 
 
@@ -115,7 +114,7 @@ class InfiniteServer:
                        audio_data=None, mm_processor_kwargs=None, priority=0, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
-        from ..engines.sampling import SamplingParams
+        from ...engines.sampling import SamplingParams
 
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
@@ -183,8 +182,8 @@ class InfiniteServer:
                     r.future.set_result(res)
 
     def _rollout(self, batch: list[_Request]) -> list[tuple]:
-        from ..core.predictor import make_predictor
-        from ..engines.sampling import SamplingParams
+        from ...predict import make_predictor
+        from ...engines.sampling import SamplingParams
 
         groups: dict[tuple, list[_Request]] = {}
         for r in batch:
@@ -246,16 +245,13 @@ class InfiniteServer:
         return [results[r.request_id] for r in batch]
 
     def _capacity(self):
-        """``custom.kv_budget`` or ``custom.slots`` when set; else what the engine holds: vLLM's whole KV cache with
-        at most its max_num_seqs running (``VLLMEngine.kv_budget``), or rollout.max_num_seqs slots."""
-        from ..core.capacity import KVBudget, SlotPool
+        """``custom.kv_budget`` or ``custom.slots`` when set, else rollout.max_num_seqs slots."""
+        from ...core.capacity import KVBudget, SlotPool
 
         if self.settings.kv_budget:
             return KVBudget(self.settings.kv_budget)
         if self.settings.slots:
             return SlotPool(self.settings.slots)
-        if hasattr(self.engine, "kv_budget"):
-            return self.engine.kv_budget()
         return SlotPool(int(config_value(self.rollout, "max_num_seqs", 256)))
 
     def _step_seed(self) -> int:
@@ -272,11 +268,10 @@ class InfiniteServer:
             raise RolloutAborted(sched)
 
     # --- verl's lifecycle calls ----------------------------------------------------------------------------------
-    # With an engine in sleep mode (vLLM built with enable_sleep_mode, on a platform that has it) these free and
-    # restore GPU memory as verl's vLLM server does, between batches (under the lock: never under a decoding batch).
-    # Sleep is level 1 (weights offloaded to host memory, KV dropped): the weights come back as they were, whether or
-    # not a weight sync follows. The transformers engine's paged store holds nothing between batches, so there they
-    # free nothing.
+    # With the engine in sleep mode (on a GPU, with rollout.enable_sleep_mode) these free and restore GPU memory as
+    # verl's vLLM server does, between batches (under the lock: never under a decoding batch). Sleep is level 1
+    # (weights offloaded to host memory): they come back as they were, whether or not a weight sync follows. The
+    # engine's paged KV store holds nothing between batches.
     def _sleeps(self) -> bool:
         return bool(getattr(self.engine, "enable_sleep_mode", False)) and bool(
             config_value(self.rollout, "free_cache_engine", True))
@@ -377,7 +372,7 @@ class InfiniteServer:
 
     async def pop_step_metrics(self) -> dict:
         """The ``infsample/*`` metrics merged over every batch decoded since the last call (empty if none), then
-        reset: verl's trainer calls it once per step (``verl_balance.InfiniteSyncTrainer.step``)."""
+        reset: verl's trainer calls it once per step (``integration.balance.InfiniteSyncTrainer.step``)."""
         with self._metrics_lock:
             metrics, self._step_metrics = self._step_metrics, {}
         return metrics
@@ -409,7 +404,7 @@ def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
 def _lower_bound_steps(res, capacity) -> int:
     """No schedule decodes this batch in fewer steps: max(longest sample, ceil(tokens / M)); under a KV budget,
     the longest sample (the budget's own bound needs the prompts: see ``engines.simulated``)."""
-    from ..core.capacity import SlotPool
+    from ...core.capacity import SlotPool
 
     lengths = [len(o.token_ids) for group in res.outputs for o in group]
     longest = max(lengths, default=0)
@@ -445,45 +440,20 @@ def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
 
 
 def build_engine(settings, rollout, model_path: str):
-    """The server's decode engine, by ``custom.engine`` (imported here, lazily: vLLM only when asked for; without it
-    ``VLLMEngine`` raises an ImportError that says what to install). ``auto`` follows the hardware
-    (``settings.choose_engine``): vLLM with a GPU and vLLM present, else the transformers engine, which runs on the
-    replica's device (the server sees its workers' GPUs) in ``settings.choose_dtype``'s dtype. ``vllm`` takes its
-    sizes from verl's rollout config, as verl's own vLLM server does: ``gpu_memory_utilization``, ``max_num_seqs``,
-    ``max_model_len`` (default: prompt_length + response_length), ``max_num_batched_tokens``, ``enforce_eager``,
-    ``dtype``, ``seed``, ``enable_sleep_mode`` (where the platform has it), ``tensor_model_parallel_size``, plus
-    ``engine_kwargs.vllm``; prefix caching is always on (a group's samples share their prompt's KV blocks)."""
-    import importlib.util
-
+    """The server's decode engine: the transformers engine on the replica's device (the server sees its workers'
+    GPUs), in ``settings.choose_dtype``'s dtype. (``custom.engine=vllm`` never reaches this server: it is verl's own
+    vLLM server with our scheduling, ``vllm_server.InfiniteVLLMServer``.)"""
     import torch
 
-    cuda = torch.cuda.is_available()
-    engine = choose_engine(settings.engine, accelerator=cuda, vllm_installed=importlib.util.find_spec("vllm") is not None)
-    if engine == "transformers":
-        from ..engines.transformers_engine import TransformersEngine
+    from ...engines.transformers_engine import TransformersEngine
 
-        device = "cuda" if cuda else "cpu"
-        dtype = choose_dtype(settings.dtype, device=device, rollout_dtype=config_value(rollout, "dtype"))
-        logger.info("build_engine: transformers engine on %s in %s", device, dtype)
-        return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, dtype), device=device,
-                                                  block_size=settings.block_size)
-    if engine == "vllm":
-        from ..engines.vllm_engine import VLLMEngine
-
-        max_model_len = config_value(rollout, "max_model_len") or (
-            int(config_value(rollout, "prompt_length", 512)) + int(config_value(rollout, "response_length", 512)))
-        extra = config_value(config_value(rollout, "engine_kwargs", {}), "vllm", {})
-        return VLLMEngine(model_path, dtype=str(config_value(rollout, "dtype", "auto")),
-                          gpu_memory_utilization=config_value(rollout, "gpu_memory_utilization"),
-                          max_num_seqs=config_value(rollout, "max_num_seqs"), max_model_len=int(max_model_len),
-                          max_num_batched_tokens=config_value(rollout, "max_num_batched_tokens"),
-                          enforce_eager=bool(config_value(rollout, "enforce_eager", False)),
-                          enable_sleep_mode=bool(config_value(rollout, "enable_sleep_mode", False)),
-                          tensor_parallel_size=int(config_value(rollout, "tensor_model_parallel_size", 1) or 1),
-                          seed=int(config_value(rollout, "seed", 0)),
-                          **{k: v for k, v in dict(extra).items() if v is not None})
-    raise ValueError(f"actor_rollout_ref.rollout.custom.engine={settings.engine!r}: unknown engine; choose one of: "
-                     f"{', '.join(ENGINES)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = choose_dtype(settings.dtype, device=device, rollout_dtype=config_value(rollout, "dtype"))
+    logger.info("build_engine: transformers engine on %s in %s", device, dtype)
+    # sleep mode where it frees something: the weights leave the GPU while verl trains (as verl's vLLM server)
+    sleeps = device != "cpu" and bool(config_value(rollout, "enable_sleep_mode", True))
+    return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, dtype), device=device,
+                                              block_size=settings.block_size, enable_sleep_mode=sleeps)
 
 
 def prompt_key(prompt_ids) -> str:

@@ -19,7 +19,7 @@ inside the TaskRunner *Ray actor*, so this module must be imported in that worke
 The plugin does that: ``verl_infsample.register()`` (run by ``import verl`` through the ``verl.plugins`` entry
 point) imports this module as soon as a process imports ``verl.trainer.ppo.v1``, so no configuration is needed and
 no other process pays for the import. (``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=
-verl_infsample.verl_balance.register`` also works, at the price of the import in every Ray worker.)
+verl_infsample.integration.balance.register`` also works, at the price of the import in every Ray worker.)
 
 Why the trainer reports ``trainer_mode == "sync"``: verl's base class branches on ``self.trainer_mode == "sync"``
 (replay-buffer class, exact refill, TransferQueue checkpointing, re-issuing in-flight prompts) and reads
@@ -144,7 +144,7 @@ class InfiniteSyncTrainer(PPOTrainerSync):
         if servers:
             import ray
 
-            from verl_infsample.verl_rollout.server import merge_rollout_metrics
+            from verl_infsample.integration.rollout.server import merge_rollout_metrics
 
             metrics.update(merge_rollout_metrics(ray.get([pop() for pop in servers]), parallel=True))
         return batch
@@ -153,7 +153,7 @@ class InfiniteSyncTrainer(PPOTrainerSync):
         """For each rollout server, a call that returns its step figures: ``pop_step_metrics`` of ours
         (``rollout.name=infinite``); of verl's vLLM servers, those ``vllm_stats`` recorded where
         ``VERL_INFSAMPLE_VLLM_STATS=1`` instrumented them (none otherwise, nor for other backends)."""
-        from verl_infsample.verl_rollout import vllm_stats
+        from verl_infsample.integration.rollout import vllm_stats
 
         name = self.config.actor_rollout_ref.rollout.name
         if name == "vllm" and os.environ.get(vllm_stats.STATS_ENV) == "1":
@@ -208,14 +208,14 @@ def verl_balance_batch_sha256() -> str:
 def register() -> type:
     """Register :class:`InfiniteSyncTrainer` under ``TRAINER_MODE`` in verl's trainer registry (idempotent).
 
-    Also usable as Ray's ``worker_process_setup_hook`` ("verl_infsample.verl_balance.register"), so the trainer is
+    Also usable as Ray's ``worker_process_setup_hook`` ("verl_infsample.integration.balance.register"), so the trainer is
     registered in the TaskRunner actor, where verl looks it up."""
     existing = _trainer_base.TRAINER_REGISTRY.get(TRAINER_MODE)
     if existing is None:
         register_trainer(TRAINER_MODE)(InfiniteSyncTrainer)
         if verl_balance_batch_sha256() != VERL_BALANCE_BATCH_SHA256:
             logger.warning("verl's PPOTrainer._balance_batch differs from the version InfiniteSyncTrainer mirrors "
-                           "(verl 0.9.1): check verl_infsample/verl_balance.py against it.")
+                           "(verl 0.9.1): check verl_infsample/integration/balance.py against it.")
         return InfiniteSyncTrainer
     if existing is InfiniteSyncTrainer:
         return existing

@@ -11,10 +11,10 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from .cli import _progress, format_table
-from .core.capacity import KVBudget, SlotPool
-from .core.policies import POLICIES
-from .core.predictor import make_predictor
+from .report import format_table, progress
+from ..core.capacity import KVBudget, SlotPool
+from ..core.policies import POLICIES
+from ..predict import make_predictor
 
 HF_POLICIES = ("hf-full", "hf-micro")
 WARMED = {"history": 1, "learned": 3, "none": 0}  # default earlier rollouts each predictor learns from first
@@ -115,9 +115,9 @@ def bench_workload(*, model_dir=None, prompts=4, seed=0, temperature=1.0, top_p=
     what every row runs on."""
     from transformers import AutoTokenizer
 
-    from .engines.sampling import SamplingParams
-    from .engines.transformers_engine import TransformersEngine
-    from .models.tiny import default_prompts, tiny_model_path
+    from ..engines.sampling import SamplingParams
+    from ..engines.transformers_engine import TransformersEngine
+    from ..models.tiny import default_prompts, tiny_model_path
 
     model_dir = str(model_dir or tiny_model_path())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -134,7 +134,7 @@ def bench_workload(*, model_dir=None, prompts=4, seed=0, temperature=1.0, top_p=
 def earlier_params(params, rollout: int):
     """Sampling for the ``rollout``-th earlier rollout that warms a predictor: another seed, so nothing of this run's
     lengths leaks into it (GRPO's earlier steps over the same prompts)."""
-    from .engines.sampling import SamplingParams
+    from ..engines.sampling import SamplingParams
 
     return SamplingParams(**{**params.__dict__, "seed": params.seed + 1_000_003 + rollout})
 
@@ -155,7 +155,7 @@ def recorded_lengths(seed: int, prompts: int = 4, group_size: int = 64, max_new_
 
 def recorded_trace(rec: dict) -> list:
     """The lengths of ``recorded_lengths`` at the bench's seed as a simulator trace (one ``TracePrompt`` per prompt)."""
-    from .core.trace import TracePrompt
+    from ..core.trace import TracePrompt
 
     return [TracePrompt(str(i), n, lengths) for i, (n, lengths) in enumerate(zip(rec["prompt_lens"], rec["this"]))]
 
@@ -163,7 +163,7 @@ def recorded_trace(rec: dict) -> list:
 def warm_on_recorded(predictor, rec: dict):
     """``predictor`` after it has seen the warming rollout of ``recorded_lengths`` (what ``bench-engine`` warms it
     with), returned for chaining."""
-    from .core.sample import Group
+    from ..core.sample import Group
 
     for i, lengths in enumerate(rec["warm"]):
         for n in lengths:
@@ -181,7 +181,7 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
 
     import torch
 
-    from .engines.hf_baseline import hf_generate
+    from ..engines.hf_baseline import hf_generate
 
     if threads:
         torch.set_num_threads(threads)
@@ -214,7 +214,7 @@ def run_engine_bench(*, model_dir=None, prompts=4, group_size=64, slots=8, kv_bu
     # every policy once per round, rounds back to back: a noisy machine's slow spell hits them alike, and each row
     # keeps its fastest round (decode steps, tokens and bytes are the same in every round of ours)
     rounds = [(r, name) for r in range(repeat) for name in [*order, *hf] if r == 0 or name != "full" or "full" in ours]
-    for _, name in _progress(rounds, "bench-engine"):
+    for _, name in progress(rounds, "bench-engine"):
         if name in HF_POLICIES:
             runs[name].append(hf_generate(engine.model, prompt_ids, group_size, params,
                                           micro=None if name == "hf-full" else slots,

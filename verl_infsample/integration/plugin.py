@@ -5,8 +5,8 @@ CPU runs opt in with ``VERL_INFSAMPLE_CPU=1`` (or ``VERL_PLATFORM=cpu``): the CP
 first, before anything asks verl for its platform. Without the opt-in nothing of the CPU mode runs.
 """
 
-from . import register
-from .verl_cpu import activate, opted_in
+from .. import register
+from .cpu import activate, opted_in
 
 if opted_in():
     activate()

@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import main as cli_main
-from .core.trace import synth_trace, write_trace
+from ..cli import main as cli_main
+from ..core.trace import synth_trace, write_trace
 
 
 def main(argv: list[str] | None = None) -> int:

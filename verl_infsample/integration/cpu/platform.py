@@ -10,7 +10,7 @@ Ray: verl asks its placement groups for one accelerator per rank. On CPU those a
 ``ray.init(num_gpus=N)`` (``+ray_kwargs.ray_init.num_gpus=N``): the resource name stays ``"GPU"``, nothing touches
 CUDA.
 
-Registered only on opt-in (``verl_infsample.verl_cpu.activate``), never by importing this module's package.
+Registered only on opt-in (``verl_infsample.integration.cpu.activate``), never by importing this module's package.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GPU check without vLLM: GPU memory of plain GRPO sampling vs Infinite Sampling on ``TransformersEngine``.
 
-    python -m verl_infsample.gpu_check_transformers             # one GPU: Qwen3-1.7B's shape, n in 32/256/1024
-    python -m verl_infsample.gpu_check_transformers --dry-run   # CPU: a tiny Qwen3 shape, small n, same JSON
+    python -m verl_infsample.bench.gpu_check_transformers             # one GPU: Qwen3-1.7B's shape, n in 32/256/1024
+    python -m verl_infsample.bench.gpu_check_transformers --dry-run   # CPU: a tiny Qwen3 shape, small n, same JSON
 
 What it needs is what a bare GPU machine with PyTorch and transformers has (no verl, no vLLM, nothing downloaded):
 the model is built from Qwen3-1.7B's config with random weights, the prompts are random token ids, and a random set
@@ -91,11 +91,11 @@ class _Meter:
 def run(a: argparse.Namespace) -> dict:
     import torch
 
-    from .core.capacity import KVBudget, SlotPool
-    from .core.predictor import make_predictor
-    from .engines.hf_baseline import hf_generate
-    from .engines.sampling import SamplingParams
-    from .engines.transformers_engine import TransformersEngine
+    from ..core.capacity import KVBudget, SlotPool
+    from ..predict import make_predictor
+    from ..engines.hf_baseline import hf_generate
+    from ..engines.sampling import SamplingParams
+    from ..engines.transformers_engine import TransformersEngine
 
     device = "cpu" if a.dry_run else "cuda"
     if not a.dry_run and not torch.cuda.is_available():

@@ -42,8 +42,8 @@ from typing import Any
 import ray
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
-from ..core.predictor import HistoryPredictor
-from ..core.sample import Group, Sample
+from ...core.predictor import HistoryPredictor
+from ...core.sample import Group, Sample
 from .server import prompt_key
 
 logger = logging.getLogger(__name__)

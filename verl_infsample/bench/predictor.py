@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from ..core.capacity import Capacity, KVBudget, SlotPool
-from ..core.predictor import LengthPredictor, make_predictor
+from ..core.predictor import LengthPredictor
+from ..predict import make_predictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import reported_checkpoints
 from ..core.trace import TracePrompt, read_trace
 from ..engines.simulated import simulate
-from .features import TokenWindow
+from ..predict.features import TokenWindow
 
 
 def kendall_tau(x, y) -> float:
@@ -341,7 +342,7 @@ def add_eval_predictor_parser(sub) -> None:
 
 
 def _cmd_eval_predictor(args) -> int:
-    from ..cli import _progress, format_table
+    from .report import format_table, progress
 
     if args.k < 1:
         raise ValueError(f"--k must be >= 1 (tokens generated when predictions are scored), got {args.k}")
@@ -370,7 +371,7 @@ def _cmd_eval_predictor(args) -> int:
         rollouts = model_rollouts(args.model, train_rollouts=args.train_rollouts, train_prompts=args.train_prompts,
                                   train_group=args.train_group, test_prompts=args.test_prompts,
                                   test_group=args.test_group, max_new_tokens=args.max_len, seed=args.seed,
-                                  eos_bias=args.eos_bias, engine=engine, progress=_progress)
+                                  eos_bias=args.eos_bias, engine=engine, progress=progress)
         train, test = rollouts.train, rollouts.test
     else:
         if not args.trace_train:
@@ -378,7 +379,7 @@ def _cmd_eval_predictor(args) -> int:
                              "test)")
         train, test = [read_trace(f) for f in args.trace_train], read_trace(args.trace)
     result, predictor = evaluate_predictor(train, test, spec=spec, k=args.k, slots=args.slots, max_len=args.max_len,
-                                           seed=args.seed, progress=_progress, capacity=capacity)
+                                           seed=args.seed, progress=progress, capacity=capacity)
     if args.model:
         result.cost = measure_cost(engine, rollouts, predictor, args.slots, capacity=capacity)
         if args.ceiling:
@@ -388,7 +389,7 @@ def _cmd_eval_predictor(args) -> int:
                                                            [test[g].lengths[i] - args.k for g, i in keys]), 4)
             result.ceiling_continuations = args.ceiling
     if args.plot:
-        from ..plots import plot_predictor_evaluation
+        from .plots import plot_predictor_evaluation
 
         plot_predictor_evaluation(result, args.plot)
     if args.json:

@@ -24,9 +24,9 @@ import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from ..core.predictor import make_predictor
-from ..core.priority import StepPriorities
-from ..core.sample import Group, Sample
+from ...predict import make_predictor
+from ...core.priority import StepPriorities
+from ...core.sample import Group, Sample
 from ..settings import settings_from_rollout, vllm_ordering
 from . import vllm_stats
 from .server import FINISHED_LENGTHS_KEPT, prompt_key

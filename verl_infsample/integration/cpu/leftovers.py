@@ -2,12 +2,13 @@
 
 Ray ends vLLM's CPU executor, its message queues and verl's weight-transfer buffers without their cleanup, which
 leaves Python shared-memory segments (``psm_*``, hundreds of MB each) and multiprocessing semaphores in /dev/shm, and
-vLLM's ZeroMQ IPC sockets (``/tmp/<uuid>``) in /tmp. A run snapshots both first and, once it has ended, removes
+vLLM's ZeroMQ IPC sockets (``/tmp/<uuid>``) and torch.distributed rendezvous files (``/tmp/vllm_dist_<hex>``) in
+/tmp. A run snapshots both first and, once it has ended, removes
 what appeared since and no live process still uses (a segment nobody maps or holds open, a socket nobody has
 bound), so a concurrent run keeps its own:
 
-    python -m verl_infsample.verl_cpu.leftovers snapshot FILE   # before
-    python -m verl_infsample.verl_cpu.leftovers clean FILE      # after; prints what it removed
+    python -m verl_infsample.integration.cpu.leftovers snapshot FILE   # before
+    python -m verl_infsample.integration.cpu.leftovers clean FILE      # after; prints what it removed
 """
 
 from __future__ import annotations
@@ -23,21 +24,22 @@ SHM = Path("/dev/shm")
 TMP = Path("/tmp")
 LEFT_BEHIND = ("psm_", "sem.mp-")
 IPC_SOCKET = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # vLLM's ipc:///tmp/<uuid4>
+DIST_FILE = re.compile(r"vllm_dist_[0-9a-f]{32}")  # vLLM's file:///tmp/vllm_dist_<uuid4 hex> init method
 
 
 def listing() -> set[str]:
-    """Entries of /dev/shm by name, and IPC sockets of /tmp as ``/tmp/<name>``."""
+    """Entries of /dev/shm by name, and vLLM's IPC sockets and rendezvous files of /tmp as ``/tmp/<name>``."""
     names = set(os.listdir(SHM)) if SHM.is_dir() else set()
     try:
-        names |= {f"{TMP}/{n}" for n in os.listdir(TMP) if IPC_SOCKET.fullmatch(n)}
+        names |= {f"{TMP}/{n}" for n in os.listdir(TMP) if IPC_SOCKET.fullmatch(n) or DIST_FILE.fullmatch(n)}
     except OSError:
         pass
     return names
 
 
 def in_use() -> set[str]:
-    """Names under /dev/shm that a live process maps or holds open, and bound unix socket paths (as far as /proc
-    lets this user see)."""
+    """Names under /dev/shm that a live process maps or holds open, files of /tmp held open, and bound unix socket
+    paths (as far as /proc lets this user see)."""
     used: set[str] = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -48,6 +50,8 @@ def in_use() -> set[str]:
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
                     used.add(target[len("/dev/shm/"):].split(" ", 1)[0])
+                elif target.startswith(f"{TMP}/"):
+                    used.add(target)
         except OSError:
             continue
     try:
@@ -63,14 +67,15 @@ def in_use() -> set[str]:
 def _removable(name: str) -> bool:
     if name.startswith("/"):
         try:
-            return stat.S_ISSOCK(os.lstat(name).st_mode)
+            mode = os.lstat(name).st_mode
         except OSError:
             return False
+        return stat.S_ISSOCK(mode) or (stat.S_ISREG(mode) and DIST_FILE.fullmatch(os.path.basename(name)) is not None)
     return name.startswith(LEFT_BEHIND)
 
 
 def remove_left_behind(before: set[str], wait_s: float = 0.0) -> list[str]:
-    """Remove the segments, semaphores and vLLM sockets that are new since ``before`` and that nothing uses, waiting
+    """Remove the segments, semaphores and vLLM sockets and files that are new since ``before`` and that nothing uses, waiting
     up to ``wait_s`` for the processes that still use some to end (Ray ends a run's workers after its driver)."""
     new = sorted(n for n in listing() - before if _removable(n))
     if not new:
@@ -102,7 +107,7 @@ def main(argv: list[str]) -> int:
     removed = remove_left_behind(before, wait_s=15.0)
     if removed:
         shown = " ".join(removed[:4]) + (" ..." if len(removed) > 4 else "")
-        print(f"removed {len(removed)} shared-memory segment(s) and socket(s) the run left behind: {shown}")
+        print(f"removed {len(removed)} shared-memory segment(s), socket(s) and file(s) the run left behind: {shown}")
     return 0
 
 

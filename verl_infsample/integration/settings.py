@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from .core.capacity import KVBudget
-from .core.policies import POLICIES
-from .core.predictor import make_predictor
+from ..core.capacity import KVBudget
+from ..core.policies import POLICIES
+from ..predict import make_predictor
 
 PREFIX = "actor_rollout_ref.rollout.custom"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (verl_rollout.server.build_engine)
+ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollout.replica.rollout_engine)
 
 
 class SettingsError(ValueError):

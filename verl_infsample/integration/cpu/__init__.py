@@ -1,13 +1,13 @@
 """verl on the CPU, opt-in: a CPU platform through verl's platform plugin API, plus the two smallest patches.
 
 Opt in with ``VERL_INFSAMPLE_CPU=1`` (which also selects ``VERL_PLATFORM=cpu``) or with ``VERL_PLATFORM=cpu``, in
-the environment of the driver (local Ray workers inherit it). ``verl_infsample.plugin`` (loaded by ``import verl``)
+the environment of the driver (local Ray workers inherit it). ``verl_infsample.integration.plugin`` (loaded by ``import verl``)
 then calls :func:`activate` in every process, before it registers the rollout backend. Without the opt-in nothing
 here runs: no platform is registered, no verl function is replaced, verl behaves as without the plugin.
 
 What :func:`activate` does:
 
-* registers :class:`~verl_infsample.verl_cpu.platform.PlatformCPU` as platform ``"cpu"``
+* registers :class:`~verl_infsample.integration.cpu.platform.PlatformCPU` as platform ``"cpu"``
   (``PlatformRegistry.register``; verl's hook for new hardware);
 * registers verl's FSDP engines for device ``"cpu"`` (``EngineRegistry.register``; verl registers them for cuda and
   npu only), once verl imports them;
@@ -30,9 +30,9 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 ENV_OPT_IN = "VERL_INFSAMPLE_CPU"
-PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
+PATCHES_DIR = Path(__file__).resolve().parents[3] / "patches"
 VERL_PATCHES = "verl_cpu_*.py"  # applied by activate(), when verl imports each target
-VLLM_PATCHES = "vllm_cpu_*.py"  # applied by verl_infsample.vllm_plugin, in every vLLM process
+VLLM_PATCHES = "vllm_cpu_*.py"  # applied by verl_infsample.integration.vllm_plugin, in every vLLM process
 
 _active = False
 
