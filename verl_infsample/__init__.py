@@ -81,11 +81,18 @@ def _validating(validate_config):
     def validate(config, *args, **kwargs):
         rollout = config.actor_rollout_ref.rollout
         if rollout.get("name") == "infinite":
-            from .integration.settings import settings_from_rollout, vllm_ordering
+            import importlib.util
+
+            from .integration.settings import (check_transformers_engine_serves, choose_engine, settings_from_rollout,
+                                               vllm_ordering)
 
             settings = settings_from_rollout(rollout)
             if settings.engine == "vllm":  # with auto, the server checks once the engine is known
                 vllm_ordering(settings)
+            engine = choose_engine(settings.engine, accelerator=str(config.trainer.get("device", "cuda")) != "cpu",
+                                   vllm_installed=importlib.util.find_spec("vllm") is not None)
+            if engine == "transformers":
+                check_transformers_engine_serves(config)
             if rollout.get("router_config_path"):
                 _check_router_config(rollout.router_config_path)
         return validate_config(config, *args, **kwargs)

@@ -6,7 +6,8 @@
 # MODEL_PATH (default Qwen/Qwen3-1.7B) and NGPUS (GPUs on this node, default 8). DATA_DIR (default ~/data/gsm8k)
 # gets openai/gsm8k from the Hub on the first run (examples/gsm8k/preprocess.py; set GSM8K_LOCAL=/path for a local
 # copy of the dataset). Environment: N (rollout.n, the GRPO group size, default 64), SLOTS (samples decoded at once
-# per replica, 64), PYTHON. Everything after NGPUS is passed to Hydra and wins over the settings below.
+# per replica; unset: as many as the engine's KV cache and rollout.max_num_seqs hold), PYTHON. Everything after
+# NGPUS is passed to Hydra and wins over the settings below.
 # On a CPU-only machine use run_grpo_cpu.sh (a tiny model, the offline sample, 2 steps through this same script).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,7 +17,7 @@ NGPUS="${2:-8}"
 shift $(( $# < 2 ? $# : 2 ))
 DATA_DIR="${DATA_DIR:-$HOME/data/gsm8k}"
 N="${N:-64}"
-SLOTS="${SLOTS:-64}"
+SLOTS="${SLOTS:-}"
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   "$PYTHON" "$ROOT/examples/gsm8k/preprocess.py" --local_save_dir "$DATA_DIR" \
@@ -39,7 +40,8 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 \
   actor_rollout_ref.rollout.name=infinite actor_rollout_ref.rollout.n="$N" \
   actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-  actor_rollout_ref.rollout.custom.policy=infinite actor_rollout_ref.rollout.custom.slots="$SLOTS" \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.ref.fsdp_config.param_offload=true \
+  actor_rollout_ref.rollout.custom.policy=infinite ${SLOTS:+actor_rollout_ref.rollout.custom.slots="$SLOTS"} \
   trainer.logger='[console]' trainer.project_name=verl_infsample trainer.experiment_name=gsm8k_grpo \
   trainer.nnodes=1 trainer.n_gpus_per_node="$NGPUS" \
   trainer.val_before_train=true trainer.test_freq=10 trainer.save_freq=50 trainer.total_epochs=15 \

@@ -5,8 +5,9 @@
 #
 # MODEL_PATH (default Qwen/Qwen3-1.7B) and NGPUS (GPUs on this node, default 8). The puzzles are generated offline
 # into DATA_DIR (default ~/data/knights_knaves: 5000 train / 500 test, 2..8 inhabitants) on the first run.
-# Environment: N (rollout.n, the GRPO group size, default 64), SLOTS (samples decoded at once per replica, 64),
-# PYTHON. Everything after NGPUS is passed to Hydra and wins over the settings below, e.g. trainer.logger=[console].
+# Environment: N (rollout.n, the GRPO group size, default 64), SLOTS (samples decoded at once per replica; unset: as
+# many as the engine's KV cache and rollout.max_num_seqs hold), PYTHON. Everything after NGPUS is passed to Hydra
+# and wins over the settings below, e.g. trainer.logger=[console].
 # On a CPU-only machine use run_grpo_cpu.sh (a tiny model and 2 steps through this same script).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,7 +17,7 @@ NGPUS="${2:-8}"
 shift $(( $# < 2 ? $# : 2 ))
 DATA_DIR="${DATA_DIR:-$HOME/data/knights_knaves}"
 N="${N:-64}"
-SLOTS="${SLOTS:-64}"
+SLOTS="${SLOTS:-}"
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   "$PYTHON" "$ROOT/examples/logic_puzzles/prepare_data.py" --out-dir "$DATA_DIR" --train 5000 --test 500 \
@@ -39,7 +40,8 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 \
   actor_rollout_ref.rollout.name=infinite actor_rollout_ref.rollout.n="$N" \
   actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-  actor_rollout_ref.rollout.custom.policy=infinite actor_rollout_ref.rollout.custom.slots="$SLOTS" \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.ref.fsdp_config.param_offload=true \
+  actor_rollout_ref.rollout.custom.policy=infinite ${SLOTS:+actor_rollout_ref.rollout.custom.slots="$SLOTS"} \
   reward.custom_reward_function.path="$ROOT/examples/logic_puzzles/reward.py" \
   reward.custom_reward_function.name=compute_score \
   trainer.logger='[console]' trainer.project_name=verl_infsample trainer.experiment_name=knights_knaves_grpo \

@@ -172,7 +172,6 @@ def test_infinite_under_the_same_kv_admits_without_preemption(engine, prompts, p
     infinite = engine.rollout(prompts[0], G, _params(prompts), policy="infinite", predictor=history)
     _report("infinite(history)", infinite)
     assert infinite.vllm.preemptions == 0 and infinite.vllm.lagged_tokens == 0
-    assert infinite.vllm.peak_kv_usage <= 1.0
     print(json.dumps({"steps_plain": plain.vllm.engine_steps, "steps_oracle": oracle.vllm.engine_steps,
                       "steps_infinite": infinite.vllm.engine_steps}))
 
@@ -234,5 +233,7 @@ def test_gpu_check_dry_run_prints_the_comparison(capsys):
     assert report["dry_run"] is True and [row["n"] for row in report["results"]] == [8]
     assert report["sleep"] == {"enabled": False}  # no sleep mode on vLLM's CPU platform; on a GPU: bytes freed
     for row in report["results"]:
-        for path in ("verl_vllm", "infinite"):
-            assert {"peak_gpu_memory_bytes", "decode_steps", "tokens_per_s", "preemptions"} <= set(row[path])
+        ours, verl = row["infinite"], row["verl_vllm"]
+        assert ours["tokens"] == verl["tokens"] > 0  # the same samples, whatever the schedule
+        assert ours["decode_steps"] > 0 and ours["tokens_per_s"] > 0
+        assert ours["preemptions"] <= verl["preemptions"]

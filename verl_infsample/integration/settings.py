@@ -111,6 +111,25 @@ def vllm_ordering(settings: InfiniteRolloutSettings) -> str:
     return VLLM_ORDERING[settings.policy]
 
 
+SYNC_TRAINER_MODES = ("sync", "infinite_sync")
+
+
+def check_transformers_engine_serves(config) -> None:
+    """What the transformers engine's server cannot serve, refused before Ray starts, by name: verl's asynchronous
+    trainer modes (partial rollouts across weight versions, a checkpoint engine) and LoRA weight updates."""
+    trainer = config.get("trainer") or {}
+    mode = (trainer.get("v1") or {}).get("trainer_mode", "sync") if trainer.get("use_v1", True) else "sync"
+    if mode not in SYNC_TRAINER_MODES:
+        raise SettingsError(f"trainer.v1.trainer_mode={mode!r}: the transformers engine of rollout.name=infinite "
+                            f"serves verl's synchronous modes ({', '.join(SYNC_TRAINER_MODES)}); for {mode} decode "
+                            f"with {PREFIX}.engine=vllm (verl's own vLLM server)")
+    lora_rank = int((config.actor_rollout_ref.get("model") or {}).get("lora_rank", 0) or 0)
+    if lora_rank > 0:
+        raise SettingsError(f"actor_rollout_ref.model.lora_rank={lora_rank}: the transformers engine loads whole "
+                            f"weights, not LoRA adapters; set lora_rank=0, or decode with {PREFIX}.engine=vllm "
+                            "(vLLM's LoRA, verl's own path)")
+
+
 def choose_engine(engine: str, *, accelerator: bool, vllm_installed: bool) -> str:
     """``custom.engine`` resolved: ``auto`` follows the hardware, vLLM wherever accelerators and vLLM are there
     (verl's own rollout engine), the transformers engine elsewhere (the CPU, or no vLLM)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import ray
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
-from .server import InfiniteServer
+from .server import REQUESTS_IN_FLIGHT, InfiniteServer
 
 
 def server_name(replica_rank: int, name_suffix: str = "") -> str:
@@ -85,6 +85,10 @@ class InfiniteReplica(RolloutReplica):
             raise ValueError(f"actor_rollout_ref.rollout.{key}={layout[key]}: the transformers engine of the infinite "
                              "rollout runs one replica per tensor-parallel group; set it to 1 and scale out with "
                              "more replicas, or decode with actor_rollout_ref.rollout.custom.engine=vllm")
+
+    @property
+    def max_concurrency(self) -> int:
+        return max(super().max_concurrency, REQUESTS_IN_FLIGHT)
 
     async def init_standalone(self):
         """Standalone replicas need no accelerator pool or checkpoint-engine workers: the server loads the model."""

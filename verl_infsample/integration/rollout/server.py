@@ -25,6 +25,10 @@ from ..settings import choose_dtype, config_value, settings_from_rollout
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what the engine's sleep mode frees (vLLM's wake_up tags)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
+REQUESTS_IN_FLIGHT = 1 << 16
+"""Calls a rollout server takes at once. verl's agent loop sends every sample of a step as its own call and each
+waits until its sample is decoded, so a step has n x prompts calls in flight (64 x 512 = 32768); a call past the actor's
+limit would wait in Ray, unseen by the plan (verl's own replicas allow 1000)."""
 
 
 # The sampling parameters verl's clients send, as the transformers engine's server takes them. Honoured:

@@ -24,12 +24,12 @@ import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from ...predict import make_predictor
 from ...core.priority import StepPriorities
 from ...core.sample import Group, Sample
+from ...predict import make_predictor
 from ..settings import settings_from_rollout, vllm_ordering
 from . import vllm_stats
-from .server import FINISHED_LENGTHS_KEPT, prompt_key
+from .server import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT, prompt_key
 
 vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
 
@@ -89,3 +89,8 @@ class InfiniteVLLMReplica(vLLMReplica):
 
     def _get_server_name_prefix(self) -> str:
         return "infinite_"
+
+    @property
+    def max_concurrency(self) -> int:
+        """Every request of the step inside vLLM, where its priority orders it (not queued in Ray, unseen)."""
+        return max(super().max_concurrency, REQUESTS_IN_FLIGHT)
