@@ -48,8 +48,10 @@ demo: setup
 bench: setup
 	$(BIN)/python -m verl_infsample.bench.suite
 
+# Two workers, a test file each at a time (the end-to-end runs in one, the rest beside them): the unit tests run on
+# one core, so the second is free while they run.
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,16 +4,22 @@ import numpy as np
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_shared_memory_left_behind():
+def pytest_configure(config):
     """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
-    in /dev/shm and sockets in /tmp; the session removes the ones it created (``integration.cpu.leftovers``), once every
-    child has ended."""
-    from verl_infsample.integration.cpu import leftovers
+    in /dev/shm and sockets and files in /tmp; the run removes the ones it created (``integration.cpu.leftovers``)
+    once every child has ended. With pytest-xdist the controller does it, once every worker has ended."""
+    if not hasattr(config, "workerinput"):
+        from verl_infsample.integration.cpu import leftovers
 
-    before = leftovers.listing()
-    yield
-    leftovers.remove_left_behind(before, wait_s=15.0)
+        config._infsample_leftovers = leftovers.listing()
+
+
+def pytest_unconfigure(config):
+    before = getattr(config, "_infsample_leftovers", None)
+    if before is not None:
+        from verl_infsample.integration.cpu import leftovers
+
+        leftovers.remove_left_behind(before, wait_s=15.0)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -88,3 +88,36 @@ def test_a_bad_value_fails_its_request_alone(server, tiny_prompts, params, messa
     bad, good = asyncio.run(run())
     assert isinstance(bad, ValueError) and message in str(bad) and "request bad" in str(bad)
     assert good.stop_reason == "completed" and good.token_ids
+
+
+def test_a_prompt_longer_than_the_context_fails_alone(server, tiny_prompts):
+    async def run():
+        return await asyncio.gather(server.generate(list(range(3, 3 + 100)), {"temperature": 1.0}, "long"),
+                                    server.generate(tiny_prompts[0][0], {"temperature": 1.0}, "good"),
+                                    return_exceptions=True)
+    long_, good = asyncio.run(run())
+    assert isinstance(long_, ValueError) and "request long: prompt of 100 tokens leaves no room" in str(long_)
+    assert "prompt_length=64" in str(long_) and good.stop_reason == "completed"
+
+
+def test_an_engine_failure_fails_its_batch_loudly_and_the_next_batch_is_served(server, tiny_prompts, monkeypatch):
+    """A rollout that raises inside the engine: every request of its batch gets the exception (none returns a
+    partial group as complete), and the server decodes the next requests as before."""
+    real = server.engine.rollout
+    calls = []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server.engine, "rollout", fails_once)
+
+    async def batch(tag):
+        return await asyncio.gather(*[server.generate(p, {"temperature": 1.0}, f"{tag}{i}", session_id=i)
+                                      for p in tiny_prompts[0][:2] for i in range(3)], return_exceptions=True)
+    failed = asyncio.run(batch("a"))
+    assert len(failed) == 6 and all(isinstance(r, RuntimeError) and "device lost" in str(r) for r in failed)
+    served = asyncio.run(batch("b"))
+    assert all(r.stop_reason == "completed" and r.token_ids for r in served) and len(calls) == 2

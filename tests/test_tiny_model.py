@@ -217,7 +217,7 @@ def test_tiny_model_path_caches_by_fingerprint(tmp_path, monkeypatch):
     assert p1.parent == tmp_path and p1.name.endswith(tiny.fingerprint()[:12])
     assert len(calls) == 1 and calls[0] != p1  # built elsewhere, renamed into place
     assert tiny.tiny_model_path(tmp_path) == p1 and len(calls) == 1  # cached
-    assert [d.name for d in tmp_path.iterdir()] == [p1.name]  # no half-built leftovers
+    assert [d.name for d in tmp_path.iterdir() if d.name != ".build-lock"] == [p1.name]  # no half-built leftovers
 
     (p1 / tiny.STAMP_FILE).unlink()  # a broken folder is rebuilt, not used
     assert tiny.tiny_model_path(tmp_path) == p1 and len(calls) == 2 and (p1 / tiny.STAMP_FILE).is_file()
@@ -225,6 +225,16 @@ def test_tiny_model_path_caches_by_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny, "DEFAULTS", {**tiny.DEFAULTS, "seed": 1})  # new defaults: a new model
     p2 = tiny.tiny_model_path(tmp_path)
     assert p2 != p1 and len(calls) == 3 and p1.is_dir()
+
+    import threading  # callers at once (test workers): one builds, the others wait and use it
+    monkeypatch.setattr(tiny, "DEFAULTS", {**tiny.DEFAULTS, "seed": 2})
+    paths = []
+    workers = [threading.Thread(target=lambda: paths.append(tiny.tiny_model_path(tmp_path))) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(set(paths)) == 1 and len(paths) == 3 and len(calls) == 4
 
 
 def test_histogram_plot(tmp_path):

@@ -52,6 +52,7 @@ This module imports torch / transformers / tokenizers only inside functions, so 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -432,18 +433,19 @@ def tiny_model_path(cache_root=None, variant: str = "default") -> Path:
     if _is_complete(final, fp):
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    tmp.chmod(0o755)
-    try:
-        build_tiny_model(tmp, **params)
+    with open(root / ".build-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: a concurrent caller waits, then finds it built
+        if _is_complete(final, fp):
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+        tmp.chmod(0o755)
         try:
-            os.rename(tmp, final)
-        except OSError:  # another process finished first, or a stale/broken folder is in the way
-            if not _is_complete(final, fp):
+            build_tiny_model(tmp, **params)
+            if final.exists():  # a stale or broken folder is in the way
                 shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
