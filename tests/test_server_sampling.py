@@ -9,8 +9,7 @@ import pytest
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
+def _server(model_dir, batch_window_ms=0):
     from hydra import compose, initialize_config_dir
 
     from verl_infsample.integration.rollout.server import InfiniteServer
@@ -19,8 +18,13 @@ def server(tiny_model_dir):
         cfg = compose(config_name="infinite_grpo", overrides=[
             "actor_rollout_ref.rollout.response_length=24", "actor_rollout_ref.rollout.prompt_length=64",
             "actor_rollout_ref.rollout.custom.slots=8", "actor_rollout_ref.rollout.custom.threads=1",
-            "actor_rollout_ref.rollout.custom.batch_window_ms=0"])
-    return InfiniteServer(cfg.actor_rollout_ref.rollout, {"path": tiny_model_dir})
+            f"actor_rollout_ref.rollout.custom.batch_window_ms={batch_window_ms}"])
+    return InfiniteServer(cfg.actor_rollout_ref.rollout, {"path": model_dir})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    return _server(tiny_model_dir)
 
 
 def generate(server, prompt, n=1, **params):
@@ -121,3 +125,24 @@ def test_an_engine_failure_fails_its_batch_loudly_and_the_next_batch_is_served(s
     assert len(failed) == 6 and all(isinstance(r, RuntimeError) and "device lost" in str(r) for r in failed)
     served = asyncio.run(batch("b"))
     assert all(r.stop_reason == "completed" and r.token_ids for r in served) and len(calls) == 2
+
+
+def test_a_steady_stream_of_requests_does_not_hold_back_the_first(tiny_model_dir, tiny_prompts):
+    """The batch window waits for arrivals to pause, 10 windows at most: with a request every 30 ms (each within the
+    50 ms window of the last) the first is answered while the stream goes on, and every request is answered."""
+    server = _server(tiny_model_dir, batch_window_ms=50)
+    prompt, params = tiny_prompts[0][0], {"temperature": 1.0, "max_tokens": 2}
+
+    async def run():
+        tasks = [asyncio.create_task(server.generate(prompt, params, "r0", session_id=0))]
+        answered_at = None
+        for i in range(1, 60):  # 1.8 s of requests
+            await asyncio.sleep(0.03)
+            if answered_at is None and tasks[0].done():
+                answered_at = i
+            tasks.append(asyncio.create_task(server.generate(prompt, params, f"r{i}", session_id=i)))
+        return answered_at, await asyncio.gather(*tasks)
+
+    answered_at, outs = asyncio.run(run())
+    assert answered_at is not None and answered_at < 59
+    assert len(outs) == 60 and all(o.stop_reason == "completed" for o in outs)

@@ -312,7 +312,6 @@ def test_weight_update_through_the_worker_adapter_changes_what_the_server_decode
                                                                                    tiny_prompts):
     """verl's per-step weight sync path: adapter.resume -> update_weights(generator) -> the server's next decode."""
     import ray
-    import torch
     from safetensors.torch import load_file
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class

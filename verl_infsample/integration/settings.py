@@ -31,7 +31,7 @@ class InfiniteRolloutSettings:
     fptas_eps: float = 0.02
     block_size: int = 16  # tokens per KV block of the transformers engine's paged store (vllm: its own block size)
     dtype: str = "auto"  # transformers engine: auto (rollout.dtype on a GPU, float32 on the CPU) | float32 | bfloat16 | float16
-    batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch
+    batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch (10x at most)
     threads: int | None = None  # torch threads in the server (None: torch's default)
 
     @classmethod

@@ -25,6 +25,7 @@ from ..settings import choose_dtype, config_value, settings_from_rollout
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what the engine's sleep mode frees (vLLM's wake_up tags)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
+BATCH_WINDOWS_AT_MOST = 10  # a batch starts at the latest this many windows after its first request
 REQUESTS_IN_FLIGHT = 1 << 16
 """Calls a rollout server takes at once. verl's agent loop sends every sample of a step as its own call and each
 waits until its sample is decoded, so a step has n x prompts calls in flight (64 x 512 = 32768); a call past the actor's
@@ -161,11 +162,15 @@ class InfiniteServer:
 
     async def _drain(self) -> None:
         """Plan and decode batches while requests keep arriving; one rollout at a time."""
+        window = self.settings.batch_window_ms / 1000
         while self._pending:
-            seen = -1
-            while len(self._pending) != seen:  # wait until the arrivals pause
+            seen, waited = -1, 0.0
+            # wait until the arrivals pause, but no longer than BATCH_WINDOWS_AT_MOST windows: a steady stream of
+            # requests must not hold back the ones already there
+            while len(self._pending) != seen and (waited == 0.0 or waited < BATCH_WINDOWS_AT_MOST * window):
                 seen = len(self._pending)
-                await asyncio.sleep(self.settings.batch_window_ms / 1000)
+                await asyncio.sleep(window)
+                waited += window or 1.0
             batch, self._pending = self._pending, []
             if not batch:  # abort_all_requests took them
                 continue
