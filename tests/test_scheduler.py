@@ -335,7 +335,7 @@ def test_slot_plan_interleaves_groups_within_a_chunk_and_keeps_chunks_apart():
 
 def test_the_plan_counts_as_the_rollouts_scheduling_time(monkeypatch):
     """The plan is made when the scheduler is built, before the decode loop; the rollout's scheduler time (what
-    ``bench-engine`` reports as ``sched_overhead``) includes it; ``step_overhead`` leaves it out. A plan made 50 ms
+    ``bench-engine`` reports as ``sched_overhead``) includes it; ``step_overhead`` leaves it out. A plan made 200 ms
     slower shows in the one and not in the other."""
     import time
 
@@ -353,18 +353,17 @@ def test_the_plan_counts_as_the_rollouts_scheduling_time(monkeypatch):
         assert sched.policy.plan_info["plan_method"] == "skyline"
         return run_rollout(SimulatedEngine(), sched)
 
-    fast = rollout()
     real_plan = InfiniteSamplingPolicy.plan
 
     def slow_plan(self, *args, **kwargs):
-        time.sleep(0.05)
+        time.sleep(0.2)
         return real_plan(self, *args, **kwargs)
 
     monkeypatch.setattr(InfiniteSamplingPolicy, "plan", slow_plan)
-    slow = rollout()
-    assert slow.plan_s - fast.plan_s >= 0.045 and slow.scheduler_s - fast.scheduler_s >= 0.045
-    # the per-step overhead (bench-engine's step_overhead) is the loop's bookkeeping alone, against the engine's time
-    assert (slow.step_overhead - fast.step_overhead) * slow.engine_s < 0.02
+    timing = rollout()
+    assert timing.plan_s >= 0.2 and timing.scheduler_s >= timing.plan_s  # the plan is scheduling time ...
+    # ... and not the loop's: the per-step overhead (bench-engine's step_overhead) is its bookkeeping alone
+    assert timing.step_overhead * timing.engine_s < 0.2
 
 
 @settings(max_examples=300, deadline=None)
