@@ -127,7 +127,8 @@ class KVBudget:
 
     def admits(self, sample: Sample, ledger: Ledger) -> bool:
         """The running set's projected peak, ``sample`` included, fits (and the engine's cap on running samples)."""
-        return self._below_max_running(ledger) and self.projected_peak(ledger.running_arrays().plus(sample)) <= self.limit
+        return (self._below_max_running(ledger)
+                and self.projected_peak(ledger.running_arrays().plus(sample)) <= self.limit)
 
     def _below_max_running(self, ledger: Ledger) -> bool:
         return self.max_running is None or ledger.num_running < self.max_running

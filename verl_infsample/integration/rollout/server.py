@@ -163,14 +163,16 @@ class InfiniteServer:
     async def _drain(self) -> None:
         """Plan and decode batches while requests keep arriving; one rollout at a time."""
         window = self.settings.batch_window_ms / 1000
+        loop = asyncio.get_running_loop()
         while self._pending:
-            seen, waited = -1, 0.0
             # wait until the arrivals pause, but no longer than BATCH_WINDOWS_AT_MOST windows: a steady stream of
             # requests must not hold back the ones already there
-            while len(self._pending) != seen and (waited == 0.0 or waited < BATCH_WINDOWS_AT_MOST * window):
+            deadline = loop.time() + BATCH_WINDOWS_AT_MOST * window
+            while True:
                 seen = len(self._pending)
                 await asyncio.sleep(window)
-                waited += window or 1.0
+                if len(self._pending) == seen or loop.time() >= deadline:
+                    break
             batch, self._pending = self._pending, []
             if not batch:  # abort_all_requests took them
                 continue
