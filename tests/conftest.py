@@ -46,6 +46,14 @@ def tiny_model_dir():
 
 
 @pytest.fixture(scope="session")
+def tiny_tools_model_dir():
+    """The tiny "tools" model, which calls a calculator (built once, cached under .cache/tiny-model-tools/)."""
+    from verl_infsample.models.tiny import tiny_model_path
+
+    return str(tiny_model_path(variant="tools"))
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir):
     from verl_infsample.engines.transformers_engine import TransformersEngine
 

@@ -111,6 +111,20 @@ def test_lean_training_forward_matches_hf(model):
     torch.testing.assert_close(lean, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_shared_prefix_training_forward_matches_whole_rows(model):
+    # Rows that share a long prefix (the "tools" corpus's system turn) train on its keys and values, computed once.
+    g = torch.Generator().manual_seed(1)
+    prefix, suffix = torch.randint(0, model.config.vocab_size, (1, 70), generator=g), torch.randint(
+        0, model.config.vocab_size, (3, 20), generator=g)
+    cos, sin = tiny._rope_tables(model, 96)
+    with torch.no_grad():
+        whole = tiny._lean_hidden(model, torch.cat([prefix.expand(3, -1), suffix], dim=1), cos, sin)[:, 70:]
+        shared = tiny._lean_hidden_shared_prefix(model, prefix, suffix, cos, sin)
+    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
+    rows = [([1, 2, 3, 4, 5], [False] * 3 + [True] * 2), ([1, 2, 3, 9, 5, 6], [False] * 4 + [True] * 2)]
+    assert tiny._shared_prefix(rows) == 2  # stops before the token the first learnt one is predicted from
+
+
 def test_sampled_lengths_spread(model_dir, model, tok):
     prompts = tiny.default_prompts(16)
     responses = tiny.sample_responses(model_dir, [prompts[i % 16] for i in range(32)], max_new_tokens=MAX_NEW,

@@ -3,14 +3,36 @@
 ``tasks`` (the default model's): "count to 7", "count down from 30", "repeat cat 12 times", "list the months", "add
 385 and 47" (column by column, with carries), "what is 12 times 7" (running sums), "tell a tiny|short|medium|long|
 endless story about moon", "say cat", "is 5 bigger than 200", ... ``modes`` (the "modes" variant's): chains of m
-steps answered in one of three modes whose first token announces the length. ``tiny.py`` trains on them: a change
-here changes the models, so bump ``tiny.BUILD_VERSION`` with it.
+steps answered in one of three modes whose first token announces the length. ``learns``: the demo's chains, guessed
+or counted. ``tools`` (``tiny_tools_corpus``): arithmetic questions answered through a calculator call.
+``tiny.py`` trains on them: a change here changes the models, so bump ``tiny.BUILD_VERSION`` with it.
+
+A corpus example is a (prompt, answer) pair, a one-turn chat, or a :class:`Dialogue` (several turns, some learnt).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a training conversation, tokenized on its own (as verl builds a rollout turn by turn);
+    ``learn``: the model is trained to write it (an assistant turn), else it is context (prompt, tool response)."""
+
+    text: str
+    learn: bool
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    segments: tuple[Segment, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
 
 WORDS = [
     "cat", "dog", "sun", "sky", "tree", "river", "apple", "house", "green", "stone", "cloud", "bread", "music",
@@ -233,12 +255,16 @@ def chain_answer(prompt: str) -> int:
     raise ValueError(f"not a chain prompt: {prompt!r}")
 
 
-# Training corpora by name: "tasks" (the default model's), "modes" and "learns" (those variants').
-CORPORA = ("tasks", "modes", "learns")
+# Training corpora by name: "tasks" (the default model's), "modes", "learns" and "tools" (those variants').
+CORPORA = ("tasks", "modes", "learns", "tools")
 
 
-def synth_corpus(n: int, seed: int = 0, corpus: str = "tasks") -> list[tuple[str, str]]:
+def synth_corpus(n: int, seed: int = 0, corpus: str = "tasks") -> list[tuple[str, str]] | list[Dialogue]:
     rng = random.Random(seed)
+    if corpus == "tools":
+        from .tiny_tools_corpus import tools_example
+
+        return [tools_example(rng) for _ in range(n)]
     if corpus == "modes":
         return [modes_example(rng) for _ in range(n)]
     if corpus == "learns":
