@@ -9,14 +9,14 @@ import pytest
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
 
-def _server(model_dir, batch_window_ms=0):
+def _server(model_dir, batch_window_ms=0, response_length=24):
     from hydra import compose, initialize_config_dir
 
     from verl_infsample.integration.rollout.server import InfiniteServer
 
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose(config_name="infinite_grpo", overrides=[
-            "actor_rollout_ref.rollout.response_length=24", "actor_rollout_ref.rollout.prompt_length=64",
+            f"actor_rollout_ref.rollout.response_length={response_length}", "actor_rollout_ref.rollout.prompt_length=64",
             "actor_rollout_ref.rollout.custom.slots=8", "actor_rollout_ref.rollout.custom.threads=1",
             f"actor_rollout_ref.rollout.custom.batch_window_ms={batch_window_ms}"])
     return InfiniteServer(cfg.actor_rollout_ref.rollout, {"path": model_dir})
@@ -146,3 +146,35 @@ def test_a_steady_stream_of_requests_does_not_hold_back_the_first(tiny_model_dir
     answered_at, outs = asyncio.run(run())
     assert answered_at is not None and answered_at < 59
     assert len(outs) == 60 and all(o.stop_reason == "completed" for o in outs)
+
+
+def test_a_second_wave_joins_the_running_rollout(tiny_model_dir, tiny_prompts):
+    """Streaming: 12 samples of 40 tokens on 8 slots (8, then 4 with 4 slots idle: 80 steps); a second wave of 4
+    four-token samples arrives while the first round decodes. It joins the running rollout (one batch) instead of
+    waiting for it, its samples take the slots the first wave leaves idle and are answered before the first wave's
+    last, and the steps are those of one batch of both waves (80), not of two batches one after the other (84)."""
+    server = _server(tiny_model_dir, response_length=40)
+    first, second = tiny_prompts[0][0], tiny_prompts[0][1]
+    order = []
+
+    async def ask(prompt, tag, i, max_tokens):
+        out = await server.generate(prompt, {"temperature": 1.0, "ignore_eos": True, "max_tokens": max_tokens},
+                                    f"{tag}{i}", session_id=i)
+        order.append(tag)
+        return out
+
+    async def run():
+        wave1 = [asyncio.create_task(ask(first, "a", i, 40)) for i in range(12)]
+        while server.engine.forward_passes < 10:  # the first round decodes
+            await asyncio.sleep(0.002)
+        assert not any(t.done() for t in wave1)
+        wave2 = [asyncio.create_task(ask(second, "b", i, 4)) for i in range(4)]
+        return await asyncio.gather(*wave1), await asyncio.gather(*wave2)
+
+    wave1, wave2 = asyncio.run(run())
+    assert [len(o.token_ids) for o in wave1] == [40] * 12 and [len(o.token_ids) for o in wave2] == [4] * 4
+    metrics = asyncio.run(server.pop_step_metrics())
+    assert metrics["infsample/batches"] == 1 and metrics["infsample/joined"] == 4
+    assert metrics["infsample/samples"] == 16
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a")  # a second-wave answer before the first's last
+    assert metrics["infsample/decode_steps"] == 80  # one batch of both: the joiners ran in freed slots

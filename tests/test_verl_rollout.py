@@ -382,7 +382,7 @@ def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in
     """verl's agent loop sends a step's requests concurrently, so they reach the server in any order. The server hands
     the engine its groups by prompt and their samples by index whatever the order, so the plan (and the decode steps
     it takes) repeats from run to run, as the tokens do (keyed by sample index)."""
-    from verl_infsample.integration.rollout.server import InfiniteServer, _Request
+    from verl_infsample.integration.rollout.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=12",
                       "actor_rollout_ref.rollout.custom.slots=3").actor_rollout_ref.rollout
@@ -400,8 +400,13 @@ def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in
 
     def run(order):
         server._predictor = None  # each run plans from the same (empty) history
-        batch = [_Request(rid, prompts[p], 1.0, 1.0, -1, True, 12, i, None) for rid, p, i in order]
-        return dict(zip([r.request_id for r in batch], server._rollout(batch))), server.last_rollout_metrics
+
+        async def go():
+            return await asyncio.gather(*[server.generate(prompts[p], {"temperature": 1.0, "logprobs": True}, rid,
+                                                          session_id=i) for rid, p, i in order])
+        outs = asyncio.run(go())
+        return ({rid: (o.token_ids, o.log_probs) for (rid, _, _), o in zip(order, outs)},
+                server.last_rollout_metrics)
 
     first, metrics = run(requests)
     second, metrics_again = run(requests[::-1][3:] + requests[::-1][:3])

@@ -57,6 +57,12 @@ class Policy:
         """
         self.queue = deque(samples)
 
+    def extend(self, samples: list[Sample], lanes: int, *, busy: list[float], memory: Footprints | None = None) -> None:
+        """``samples`` (of groups that joined the running batch, in (group, index) order) enter the plan. ``busy``:
+        the running samples' predicted remaining tokens (the lanes they hold, and until when). Here: after those
+        already waiting."""
+        self.queue.extend(samples)
+
     def select(self, fits: Fits, now: int) -> Sample | None:
         """The sample to admit at decode step ``now``, or None to admit nothing more for now."""
         if self.queue and fits(self.queue[0]):
@@ -100,6 +106,9 @@ class LongestPredictedFirstPolicy(Policy):
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         self.queue = deque(sorted(samples, key=lambda s: (-s.predicted_len, s.uid)))
+
+    def extend(self, samples: list[Sample], lanes: int, *, busy: list[float], memory: Footprints | None = None) -> None:
+        self.plan([*waiting_in(self.queue), *samples], lanes, memory)
 
 
 class MicroGroupPolicy(Policy):
@@ -194,12 +203,30 @@ class InfiniteSamplingPolicy(Policy):
         as keep their prompts within ``OPEN_PROMPT_SHARE`` of what the lanes hold at their fullest (one chunk
         for small batches; B=1 as in the paper: the one group). Under a KV budget: the skyline plan, or for
         batches too big for it, longest first throughout, groups kept together (it packs the budget)."""
+        self._plan(samples, lanes, memory, np.zeros(lanes), skyline=True)
+
+    def extend(self, samples: list[Sample], lanes: int, *, busy: list[float], memory: Footprints | None = None) -> None:
+        """The groups that joined are planned with every sample still waiting: under M slots the FPTAS plan on lanes
+        that free as the running samples are predicted to end; under a KV budget, longest first, groups together,
+        with SJF refill (the skyline plans a batch from an empty KV, which a running batch is not; the samples
+        running on an earlier skyline plan leave it)."""
+        release = np.zeros(lanes)
+        held = np.array(busy[-lanes:], dtype=float)  # (under M slots at most M run)
+        release[:len(held)] = held
+        self._plan([*waiting_in(self.queue), *samples], lanes, memory, release, skyline=False)
+
+    def _plan(self, samples: list[Sample], lanes: int, memory: Footprints | None, release: np.ndarray,
+              skyline: bool) -> None:
+        """``plan``'s work (see there); ``release``: when each lane is free of the samples already running."""
         self._tiebreak = itertools.count()
         self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
         heapq.heapify(self._shortest)
         self._start: dict[int, int] | None = None
+        if not samples:
+            self.queue = deque()
+            return
         predicted = np.array([s.predicted_len for s in samples], dtype=float)
-        if memory is not None:
+        if memory is not None and skyline:
             sky = plan_skyline(predicted, np.array([s.prompt_len for s in samples]),
                                np.array([s.group for s in samples]), memory)
             if sky is not None:
@@ -227,10 +254,15 @@ class InfiniteSamplingPolicy(Policy):
             self._info = {"plan_method": "group-major", "plan_lanes": lanes}
             self.queue = deque(samples[i] for i in order)
             return
+        self._plan_lanes(samples, predicted, by_group, group_order, lanes, release)
+
+    def _plan_lanes(self, samples: list[Sample], predicted: np.ndarray, by_group: dict[int, np.ndarray],
+                    group_order: list[int], lanes: int, free: np.ndarray) -> None:
+        """The FPTAS plan over M slots, chunk by chunk; ``free``: when each lane is free of what already holds it."""
         allowance = open_prompt_allowance(lanes, float(predicted.max(initial=1.0)))
         chunks = chunk_groups(group_order, [samples[by_group[g][0]].prompt_len for g in group_order], allowance)
         members, start, chunk_of = [], [], []
-        free = np.zeros(lanes)  # when each lane is free of the chunks planned so far
+        free = free.copy()  # when each lane is free of the chunks planned so far
         methods, worst = set(), 0.0
         for c, chunk in enumerate(chunks):
             ids = np.concatenate([by_group[g] for g in chunk])
@@ -347,6 +379,18 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "oracle": lambda slots, eps: OraclePolicy(eps),
     "plain": lambda slots, eps: PlainSubmissionPolicy(),
 }
+
+
+def waiting_in(queue) -> list[Sample]:
+    """The samples of a policy's queue still waiting, each once, in queue order (a queue may hold stale entries:
+    samples admitted out of its order, or requeued after preemption while an older entry remains)."""
+    seen: set[int] = set()
+    out = []
+    for s in queue:
+        if s.state is SampleState.WAITING and s.uid not in seen:
+            seen.add(s.uid)
+            out.append(s)
+    return out
 
 
 def make_policy(name: str, *, slots: int | None = None, fptas_eps: float = 0.02) -> Policy:

@@ -25,10 +25,13 @@ class Group:
     prompt_id: str
     prompt_len: int
     size: int  # G
+    max_len: int | None = None  # its responses' cap where it has its own (a later turn's shorter room), else the batch's
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"group {self.prompt_id!r}: size (G) must be >= 1, got {self.size}")
+        if self.max_len is not None and self.max_len < 1:
+            raise ValueError(f"group {self.prompt_id!r}: max_len must be >= 1, got {self.max_len}")
         if self.prompt_len < 0:
             raise ValueError(f"group {self.prompt_id!r}: prompt_len must be >= 0, got {self.prompt_len}")
 

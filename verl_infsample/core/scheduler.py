@@ -21,8 +21,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
-
 from .capacity import Capacity, KVBudget, SampleArrays, SlotPool
 from .policies import Policy, make_policy
 from .predictor import LengthPredictor
@@ -61,22 +59,19 @@ class Scheduler:
         holds a slot: the plan can then order samples *within* a group, not just groups."""
         if max_len < 1:
             raise ValueError(f"max_len (response length) must be >= 1, got {max_len}")
-        self.groups, self.policy, self.capacity, self.predictor = groups, policy, capacity, predictor
+        self.policy, self.capacity, self.predictor = policy, capacity, predictor
         self.max_len = max_len
-        if isinstance(capacity, KVBudget) and not policy.ignores_capacity:
-            capacity.check_fits(max(g.prompt_len for g in groups), max_len)
+        self.check_fits(groups)
+        self.groups: list[Group] = []
         self.samples: list[Sample] = []
-        for gi, g in enumerate(groups):
-            for i in range(g.size):
-                true = true_lengths[gi][i] if true_lengths is not None else None
-                self.samples.append(Sample(uid=len(self.samples), group=gi, index=i, prompt_len=g.prompt_len,
-                                           true_len=true))
         self.running: list[Sample] = []
         self.kv_tokens = 0
-        self._group_running = [0] * len(groups)
-        self._group_unfinished = [g.size for g in groups]
-        self._group_open = [False] * len(groups)  # admitted once and not all finished: its prompt KV is held
+        self._group_running: list[int] = []
+        self._group_unfinished: list[int] = []
+        self._group_open: list[bool] = []  # admitted once and not all finished: its prompt KV is held
+        self._group_first = [0]  # uid of each group's first sample (and one past the last)
         self._open_groups = 0
+        self._append(groups, true_lengths)
         # Slots bound the batch, not memory: a started group keeps its prompt KV until its last sample ends, so it
         # is prefilled once however the plan spreads its samples. Under a KV budget memory comes first: an idle
         # group's prompt is dropped and rebuilt when its next sample enters (counted in prefill_passes).
@@ -102,17 +97,13 @@ class Scheduler:
         # token counts at which engines report a running sample's tokens to it (``observe_tokens``)
         self.token_checkpoints = (reported_checkpoints(predictor, capacity, max_len) if self.refines_predictions
                                   else frozenset())
-        self._group_first = np.cumsum([0] + [g.size for g in groups]).tolist()  # uid of each group's first sample
-        if prompt_tokens is not None and hasattr(predictor, "observe_prompt"):
-            for g, tokens in zip(groups, prompt_tokens):
-                if tokens is not None:
-                    predictor.observe_prompt(g.prompt_id, [int(t) for t in tokens])
+        self._observe_prompts(groups, prompt_tokens)
         if hasattr(predictor, "start_batch"):
             predictor.start_batch(groups)
         self.lookahead = (first_tokens is not None and self.refines_predictions
                           and getattr(predictor, "plans_on_first_token", False))
         if self.lookahead:
-            self._look_ahead(first_tokens)
+            self._look_ahead(first_tokens, self.samples)
         # Under slots a sample's prediction is read only by the plan; it is refreshed at admission (siblings as of
         # then) for the predictor's record of the sample, except after a lookahead, which made the plan's
         # predictions from the first tokens: they are the sample's record (the plan saw no finished siblings).
@@ -120,22 +111,82 @@ class Scheduler:
                                       and not self.lookahead)
         self._plan()
 
-    def _look_ahead(self, first_tokens: Callable[[list[Sample]], list]) -> None:
+    def check_fits(self, groups: list[Group]) -> None:
+        """Under a KV budget every group's worst-case sample must fit, or the rollout could never finish."""
+        for g in groups:
+            if g.max_len is not None and g.max_len > self.max_len:
+                raise ValueError(f"group {g.prompt_id!r}: max_len {g.max_len} exceeds the batch's {self.max_len}")
+        if isinstance(self.capacity, KVBudget) and not self.policy.ignores_capacity:
+            for prompt_len, cap in sorted({(g.prompt_len, g.max_len or self.max_len) for g in groups}):
+                self.capacity.check_fits(prompt_len, cap)
+
+    def _append(self, groups: list[Group], true_lengths: list[list[int]] | None) -> list[Sample]:
+        """``groups`` join the batch (at its start, or while it decodes): their samples, waiting, and their ledgers."""
+        new = []
+        for gi, g in enumerate(groups, start=len(self.groups)):
+            for i in range(g.size):
+                true = true_lengths[gi - len(self.groups)][i] if true_lengths is not None else None
+                new.append(Sample(uid=len(self.samples) + len(new), group=gi, index=i, prompt_len=g.prompt_len,
+                                  true_len=true))
+            self._group_first.append(self._group_first[-1] + g.size)
+        self.groups.extend(groups)
+        self.samples.extend(new)
+        self._group_running.extend(0 for _ in groups)
+        self._group_unfinished.extend(g.size for g in groups)
+        self._group_open.extend(False for _ in groups)
+        return new
+
+    def _observe_prompts(self, groups: list[Group], prompt_tokens: list[Sequence[int] | None] | None) -> None:
+        if prompt_tokens is not None and hasattr(self.predictor, "observe_prompt"):
+            for g, tokens in zip(groups, prompt_tokens):
+                if tokens is not None:
+                    self.predictor.observe_prompt(g.prompt_id, [int(t) for t in tokens])
+
+    def _look_ahead(self, first_tokens: Callable[[list[Sample]], list], samples: list[Sample]) -> None:
         t0 = time.perf_counter()
-        windows = first_tokens(self.samples)
-        if len(windows) != len(self.samples):
-            raise RuntimeError(f"first_tokens returned {len(windows)} windows for {len(self.samples)} samples")
-        for s, window in zip(self.samples, windows):
+        windows = first_tokens(samples)
+        if len(windows) != len(samples):
+            raise RuntimeError(f"first_tokens returned {len(windows)} windows for {len(samples)} samples")
+        for s, window in zip(samples, windows):
             self.predictor.observe_tokens(self.groups[s.group], s, window)
         self.token_checkpoints -= {1}  # every sample's first token is known now: no need to report it again
-        self.stats.lookahead_prefills = len(self.groups)
+        self.stats.lookahead_prefills += len({s.group for s in samples})
         self.stats.predict_ms += (time.perf_counter() - t0) * 1e3
+
+    # --- arrivals while decoding (streaming) --------------------------------------------------------------------
+    def add_groups(self, groups: list[Group], *, true_lengths: list[list[int]] | None = None,
+                   prompt_tokens: list[Sequence[int] | None] | None = None,
+                   first_tokens: Callable[[list[Sample]], list] | None = None) -> list[Sample]:
+        """Groups that arrive while the batch decodes join it: their samples are predicted as the first ones were
+        (the first-token lookahead included) and the policy plans them into the running schedule
+        (``Policy.extend``: the running samples' predicted ends hold their lanes). A group the capacity can never
+        hold is refused before anything changes. Returns the new samples, waiting."""
+        self.check_fits(groups)
+        new = self._append(groups, true_lengths)
+        self._observe_prompts(groups, prompt_tokens)
+        if hasattr(self.predictor, "join_batch"):
+            self.predictor.join_batch(groups)
+        if self.lookahead and first_tokens is not None:
+            self._look_ahead(first_tokens, new)
+        t1 = time.perf_counter()
+        for s in new:
+            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self._cap(s))
+        t2 = time.perf_counter()
+        waiting = [s for s in self.samples if s.state is SampleState.WAITING]
+        footprint = (sum(s.predicted_len for s in waiting) + sum(self.groups[g].prompt_len for g in
+                                                                 {s.group for s in waiting})) / max(1, len(waiting))
+        busy = sorted(s.remaining_predicted() for s in self.running)
+        self.policy.extend(new, self.capacity.lanes(footprint), busy=busy,
+                           memory=self.capacity if isinstance(self.capacity, KVBudget) else None)
+        self.stats.predict_ms += (t2 - t1) * 1e3
+        self.stats.plan_ms += (time.perf_counter() - t2) * 1e3
+        return new
 
     # --- plan -------------------------------------------------------------------------------------------------
     def _plan(self) -> None:
         t0 = time.perf_counter()
         for s in self.samples:
-            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self.max_len)
+            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self._cap(s))
         t1 = time.perf_counter()
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
@@ -167,7 +218,7 @@ class Scheduler:
         while due and due[0][0] <= self._decoded:
             s = heapq.heappop(due)[2]  # (an entry of a preempted or re-predicted sample may be stale: checked)
             if s.state is SampleState.RUNNING and s.generated >= s.predicted_len:
-                s.predicted_len = max(s.generated + 1.0, min(float(self.max_len),
+                s.predicted_len = max(s.generated + 1.0, min(float(self._cap(s)),
                                                              self.predictor.predict_outgrown(self.groups[s.group], s)))
                 self._watch(s)
         self.stats.refine_ms += (time.perf_counter() - t0) * 1e3
@@ -179,8 +230,12 @@ class Scheduler:
             due = self._decoded + max(0, math.ceil(s.predicted_len - s.generated))
             heapq.heappush(self._outgrowing, (due, next(self._tiebreak), s))
 
+    def _cap(self, s: Sample) -> int:
+        """The longest ``s`` may grow: its group's own cap, else the batch's."""
+        return self.groups[s.group].max_len or self.max_len
+
     def _predicted_len(self, s: Sample) -> float:
-        return float(min(self.max_len, self.predictor.predict(self.groups[s.group], s)))
+        return float(min(self._cap(s), self.predictor.predict(self.groups[s.group], s)))
 
     def _repredict(self, samples: list[Sample]) -> None:
         changed = []

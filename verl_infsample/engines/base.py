@@ -23,20 +23,38 @@ class Engine(Protocol):
 
 
 def check_batch(prompts: Sequence[Sequence[int]], n: int | Sequence[int], prompt_ids: Sequence[str] | None,
-                max_new_tokens: int, max_len: int, limit: str) -> tuple[list[int], list[str]]:
+                max_new_tokens: int | Sequence[int], max_len: int, limit: str) -> tuple[list[int], list[str]]:
     """A rollout request's group sizes and prompt ids, or a clear error: one n per prompt, no empty prompt, every
-    prompt plus ``max_new_tokens`` within the engine's ``max_len`` (``limit`` names that limit and its fix)."""
+    prompt plus its ``max_new_tokens`` (one for all, or one per prompt) within the engine's ``max_len`` (``limit``
+    names that limit and its fix)."""
     sizes = [n] * len(prompts) if isinstance(n, int) else list(n)
     if len(sizes) != len(prompts):
         raise ValueError(f"n has {len(sizes)} entries for {len(prompts)} prompts")
+    caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(caps) != len(prompts):
+        raise ValueError(f"max_new_tokens has {len(caps)} entries for {len(prompts)} prompts")
     prompt_ids = [str(i) for i in range(len(prompts))] if prompt_ids is None else [str(p) for p in prompt_ids]
-    for i, p in enumerate(prompts):
+    for i, (p, cap) in enumerate(zip(prompts, caps)):
         if len(p) == 0:
             raise ValueError(f"prompt {prompt_ids[i]!r} is empty: it needs at least one token")
-        if len(p) + max_new_tokens > max_len:
-            raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens={max_new_tokens} "
+        if len(p) + cap > max_len:
+            raise ValueError(f"prompt {prompt_ids[i]!r} has {len(p)} tokens: with max_new_tokens={cap} "
                              f"it exceeds {limit}")
     return sizes, prompt_ids
+
+
+@dataclass
+class Arrivals:
+    """Groups that join a running rollout (streaming), given as the rollout's own groups are: prompts, samples per
+    prompt, prompt ids, each sample's stream index and each prompt's response cap. ``refuse`` takes the error
+    when the engine cannot take them (a prompt too long, a budget too small): they fail alone, the rollout goes on."""
+
+    prompts: list[list[int]]
+    n: list[int]
+    prompt_ids: list[str]
+    stream_indices: list[list[int]]
+    max_new_tokens: list[int]
+    refuse: Callable[[Exception], None]
 
 
 @dataclass
@@ -61,8 +79,11 @@ class LoopTiming:
         return (self.scheduler_s - self.plan_s) / self.engine_s if self.engine_s else 0.0
 
 
-def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler], None] | None = None) -> LoopTiming:
+def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler], None] | None = None,
+                on_finished: Callable[[list[Sample]], None] | None = None) -> LoopTiming:
     """plan (done by the Scheduler) -> admit -> step -> retire -> refill, until every sample has finished.
+    ``on_finished``: the samples that finished at a step, once they are retired (a server answers their requests
+    then); ``on_step`` after every step (groups may join the scheduler there: ``Scheduler.add_groups``).
 
     Any exception inside a step propagates: a rollout never returns partial groups.
     """
@@ -87,6 +108,8 @@ def run_rollout(engine: Engine, sched: Scheduler, on_step: Callable[[Scheduler],
         if finished:
             engine.release(sched, finished)
         t6 = clock()
+        if finished and on_finished is not None:
+            on_finished(finished)
         timing.scheduler_s += (t1 - t0) + (t3 - t2) + (t5 - t4)
         timing.engine_s += (t2 - t1) + (t4 - t3) + (t6 - t5)
         timing.steps += steps

@@ -33,7 +33,7 @@ from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from ..predict.factory import as_predictor
-from .base import LoopTiming, check_batch, run_rollout
+from .base import Arrivals, LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
 from .shared_prefix import SharedPromptDecode, shares_prompt, use_shared_prefix_attention
 from . import sampling, torch_sampling
@@ -132,31 +132,40 @@ class TransformersEngine:
                 policy: str = "infinite", capacity: Capacity | None = None, predictor: str | LengthPredictor = "none",
                 prompt_ids: Sequence[str] | None = None, true_lengths: list[list[int]] | None = None,
                 stream_indices: Sequence[Sequence[int]] | None = None, fptas_eps: float = 0.02,
-                on_step: Callable[[Scheduler], None] | None = None) -> EngineRollout:
+                max_new_tokens: Sequence[int] | None = None,
+                on_step: Callable[[Scheduler], None] | None = None,
+                on_finished: Callable[[list[Sample]], None] | None = None,
+                arrivals: Callable[[], Arrivals | None] | None = None) -> EngineRollout:
         """Decode ``n`` samples of every prompt under ``policy``; returns every sample, in order, or raises.
 
         A sample's random stream is keyed by (params.seed, its prompt id, its index in the group), or by
         ``stream_indices[group][index]`` when given (a server decoding part of a group: samples 20..31 of 32).
+        ``max_new_tokens``: each prompt's own response cap (at most ``params.max_new_tokens``, the default).
+        Streaming: ``arrivals`` is asked after every step for groups that join the running rollout (``Arrivals``;
+        their outputs follow the first groups', in the order they joined); ``on_finished`` gets every sample as it
+        finishes (``run_rollout``).
         """
         if self.asleep:
             raise RuntimeError(f"rollout while {sorted(self.asleep)} sleep: wake_up() first")
-        sizes, prompt_ids = check_batch(
-            prompts, n, prompt_ids, params.max_new_tokens, self.max_positions,
-            f"the model's context of {self.max_positions} (max_position_embeddings); shorten the prompt or lower "
-            "max_new_tokens")
+        caps = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else [int(m) for m in max_new_tokens]
+        sizes, prompt_ids = check_batch(prompts, n, prompt_ids, caps, self.max_positions, self._limit)
         capacity = capacity or SlotPool(max(sizes))
         if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget (its cap on
             capacity = replace(capacity, block_size=self.pool.block_size)  # running samples, if any, stays)
-        groups = [Group(pid, len(p), size) for pid, p, size in zip(prompt_ids, prompts, sizes)]
+        groups = [Group(pid, len(p), size, max_len=cap if cap != params.max_new_tokens else None)
+                  for pid, p, size, cap in zip(prompt_ids, prompts, sizes, caps)]
         t0 = time.perf_counter()
         self._reset_batch()
         self._params = params
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+        self._caps = caps
+        self._stream_indices = ([list(range(size)) for size in sizes] if stream_indices is None
+                                else [[int(i) for i in ix] for ix in stream_indices])
         self._keep_lookahead_kv = self._keeps_lookahead_kv(capacity, prompts, params.max_new_tokens)
         self._until_admission = self._keep_lookahead_kv and isinstance(capacity, KVBudget)
         self._stream = lambda s: self._sampling.stream(
-            params.seed, groups[s.group].prompt_id,
-            s.index if stream_indices is None else int(stream_indices[s.group][s.index]))
+            params.seed, sched_groups[s.group].prompt_id, self._stream_indices[s.group][s.index])
+        sched_groups = groups  # (the scheduler's list once it exists: joined groups are appended to it)
         try:
             pred = as_predictor(predictor, seed=params.seed, max_len=params.max_new_tokens)
             sched = build_scheduler(groups, policy, capacity, pred, params.max_new_tokens, fptas_eps=fptas_eps,
@@ -165,12 +174,17 @@ class TransformersEngine:
         except BaseException:
             self._free_all([])  # a lookahead that failed midway may hold a prompt's blocks
             raise
-        for s in sched.samples:
-            s.payload.update(tokens=[], logprobs=[], blocks=[])
-            if "rng" not in s.payload:  # (the lookahead made it already)
-                s.payload["rng"] = self._stream(s)
+        sched_groups = sched.groups
+        self._ready(sched.samples)
+        step_hook = on_step
+        if arrivals is not None:
+            def step_hook(sched: Scheduler) -> None:
+                if on_step is not None:
+                    on_step(sched)
+                if (joining := arrivals()) is not None:
+                    self._join(sched, joining)
         try:
-            timing = run_rollout(self, sched, on_step=on_step)
+            timing = run_rollout(self, sched, on_step=step_hook, on_finished=on_finished)
         finally:
             self._free_all(sched.samples)
         # the lookahead's prompt passes kept as prefills, its samples' random streams and their first tokens are the
@@ -182,6 +196,43 @@ class TransformersEngine:
         outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
                     for s in group] for group in sched.results()]
         return EngineRollout(outputs, sched.stats, self.pool.stats, timing, wall, policy, sched.policy.plan_info)
+
+    @property
+    def _limit(self) -> str:
+        return (f"the model's context of {self.max_positions} (max_position_embeddings); shorten the prompt or lower "
+                "max_new_tokens")
+
+    def _ready(self, samples: list[Sample]) -> None:
+        for s in samples:
+            s.payload.update(tokens=[], logprobs=[], blocks=[])
+            if "rng" not in s.payload:  # (the lookahead made it already)
+                s.payload["rng"] = self._stream(s)
+
+    def _join(self, sched: Scheduler, new: Arrivals) -> None:
+        """Groups that arrived while this rollout decodes join it (``Scheduler.add_groups``). Their first-token
+        lookahead, if any, keeps its prompt KV under M slots (the group's prefill) and frees it under a KV budget
+        (the budget counts only open groups' prompts). Groups the engine cannot take are refused alone."""
+        top = self._params.max_new_tokens
+        try:
+            if any(m > top for m in new.max_new_tokens):
+                raise ValueError(f"max_new_tokens {max(new.max_new_tokens)} exceeds the rollout's {top}")
+            sizes, ids = check_batch(new.prompts, new.n, new.prompt_ids, new.max_new_tokens, self.max_positions,
+                                     self._limit)
+            groups = [Group(pid, len(p), size, max_len=cap if cap != top else None)
+                      for pid, p, size, cap in zip(ids, new.prompts, sizes, new.max_new_tokens)]
+            sched.check_fits(groups)
+        except ValueError as e:
+            new.refuse(e)
+            return
+        self._prompts += [torch.tensor(list(p), dtype=torch.long) for p in new.prompts]
+        self._caps += list(new.max_new_tokens)
+        self._stream_indices += [[int(i) for i in ix] for ix in new.stream_indices]
+        keep, self._keep_lookahead_kv = self._keep_lookahead_kv, isinstance(sched.capacity, SlotPool)
+        try:
+            samples = sched.add_groups(groups, prompt_tokens=new.prompts, first_tokens=self._first_tokens)
+        finally:
+            self._keep_lookahead_kv = keep
+        self._ready(samples)
 
     # --- the engine protocol ---------------------------------------------------------------------------------------
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:
@@ -251,7 +302,7 @@ class TransformersEngine:
             s.payload["logprobs"].append(logprob)
             if token in params.stop_token_ids:
                 s.payload["finish"] = "stop"
-            elif len(s.payload["tokens"]) >= params.max_new_tokens:
+            elif len(s.payload["tokens"]) >= self._caps[s.group]:
                 s.payload["finish"] = "length"
             else:
                 continue

@@ -154,6 +154,11 @@ class LearnedPredictor:
         if self.state_path is not None and self.observed > self._saved_at:
             self.save(self.state_path)
 
+    def join_batch(self, groups: Sequence[Group]) -> None:
+        """Groups that joined the running rollout: contexts of their own, beside the batch's."""
+        for g in groups:
+            self._groups.setdefault(g.prompt_id, self._new_context(g))
+
     def predict(self, group: Group, sample: Sample | None) -> float:
         ctx = self._context(group)
         live = self._live.get((group.prompt_id, sample.index)) if sample is not None else None

@@ -2,8 +2,11 @@
 
 verl's agent loop sends a prompt's n samples as n separate ``generate`` calls. The server collects the requests
 that arrive within a short window, recognises a group by its prompt tokens (one prompt KV for all its samples),
-and plans the whole batch with the Infinite Sampling scheduler on the transformers engine (``build_engine``). Every request gets exactly one ``TokenOutput``; if the
-rollout fails, every request of the batch fails with it.
+and plans them with the Infinite Sampling scheduler on the transformers engine (``build_engine``). Requests that
+arrive while that rollout decodes join it after the next step (streaming: their groups are planned into the running
+schedule, ``Scheduler.add_groups``), so a freed slot is refilled from them too and a multi-turn agent's next turn
+need not wait for the others' turns. Every request gets exactly one ``TokenOutput``, as soon as its sample finishes;
+if the engine fails, every request in flight fails with it.
 
 ``abort_all_requests`` / ``resume_generation`` follow verl's vLLM server: abort closes a gate, returns queued
 requests with stop_reason "aborted", stops the decoding batch at its next step (unfinished samples return their tokens
@@ -17,6 +20,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,12 +56,62 @@ class _Request:
     future: asyncio.Future = field(repr=False)
     stop_token_ids: tuple[int, ...] = ()  # the request's stops: eos (unless ignore_eos) and its own stop_token_ids
     seed: int | None = None  # its own seed, else the rollout's step seed
+    arrived: float = 0.0  # time.monotonic() at arrival
+
+    @property
+    def rollout_key(self) -> tuple:
+        """Requests alike in these decode in one engine rollout (its sampling settings; caps may differ)."""
+        return (self.temperature, self.top_p, self.top_k, self.stop_token_ids, self.seed)
 
     @property
     def group_key(self) -> tuple:
-        """Requests alike in all of these are samples of one group (one engine rollout per distinct tail)."""
-        return (tuple(self.prompt_ids), self.temperature, self.top_p, self.top_k, self.max_tokens,
-                self.stop_token_ids, self.seed)
+        """Requests alike in all of these are samples of one group."""
+        return (tuple(self.prompt_ids), self.max_tokens, *self.rollout_key)
+
+
+@dataclass
+class _RequestGroup:
+    """One group of an engine rollout: its requests in sample-index order and their stream indices."""
+
+    prompt: tuple[int, ...]
+    prompt_key: str
+    max_tokens: int
+    requests: list[_Request]
+    indices: list[int]
+
+
+class _LiveRollout:
+    """The requests of one engine rollout, as groups join it; answers them on the server's event loop (each once)."""
+
+    def __init__(self, first: list[_Request], loop: asyncio.AbstractEventLoop):
+        self.first, self.loop = first, loop
+        self.key = first[0].rollout_key
+        self.members: list[_RequestGroup] = []  # the engine's groups, in its order
+        self.joined = 0  # requests that joined while it decoded
+        self._answered: set[int] = set()  # id() of the requests answered (verl's request ids need not be unique)
+        self._joiners: list[_Request] = []
+
+    def requests(self) -> list[_Request]:
+        return [*self.first, *self._joiners]
+
+    def note_joined(self, requests: list[_Request]) -> None:
+        self._joiners.extend(requests)
+
+    def answer(self, r: _Request, result: tuple | None = None, error: BaseException | None = None) -> None:
+        """From the rollout thread: ``r``'s result (or error), once."""
+        if id(r) in self._answered:
+            return
+        self._answered.add(id(r))
+        self.loop.call_soon_threadsafe(_settle, r.future, result, error)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():  # (abort_all_requests answered it)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def check_sampling_params(sampling_params: dict, request_id: str) -> None:
@@ -96,7 +150,8 @@ class InfiniteServer:
         self.stop_ids = _stop_token_ids(path)
         self.replica_rank = replica_rank
         self.global_steps: int | None = None
-        self._pending: list[_Request] = []
+        self._pending: list[_Request] = []  # arrived, not yet in a rollout (the rollout thread takes joiners too)
+        self._pending_lock = threading.Lock()
         self._issued: dict[tuple, int] = {}  # sample indices handed out per group this step
         self._worker: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -151,8 +206,9 @@ class InfiniteServer:
                        logprobs=bool(sampling_params.get("logprobs", False)), max_tokens=budget,
                        session_id=int(session) if session is not None else None,
                        future=asyncio.get_running_loop().create_future(), stop_token_ids=stops,
-                       seed=int(seed) if seed is not None else None)
-        self._pending.append(req)
+                       seed=int(seed) if seed is not None else None, arrived=time.monotonic())
+        with self._pending_lock:
+            self._pending.append(req)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         token_ids, log_probs, preempted, stop_reason = await req.future
@@ -161,7 +217,9 @@ class InfiniteServer:
                            extra_fields={"global_steps": self.global_steps})
 
     async def _drain(self) -> None:
-        """Plan and decode batches while requests keep arriving; one rollout at a time."""
+        """Start a rollout once the arrivals pause (a group's n requests come together); one rollout at a time.
+        Requests that arrive while it decodes join it (``_joining``); those with other sampling settings wait for
+        the next."""
         window = self.settings.batch_window_ms / 1000
         loop = asyncio.get_running_loop()
         while self._pending:
@@ -173,87 +231,140 @@ class InfiniteServer:
                 await asyncio.sleep(window)
                 if len(self._pending) == seen or loop.time() >= deadline:
                     break
-            batch, self._pending = self._pending, []
-            if not batch:  # abort_all_requests took them
-                continue
             async with self._lock:
+                with self._pending_lock:
+                    batch = self._take(self._pending[0].rollout_key) if self._pending else []
+                if not batch:  # abort_all_requests took them
+                    continue
+                rollout = _LiveRollout(batch, loop)
                 try:
                     if self._asleep:  # verl wakes a replica before it generates; a request that comes first wakes it
                         logger.warning("InfiniteServer %d: requests arrived while the engine sleeps (%s); waking it",
                                        self.replica_rank, sorted(self._asleep))
                         await self._wake_engine_locked()
-                    results = await asyncio.to_thread(self._rollout, batch)
-                except BaseException as e:  # every request of the batch fails loudly, none returns partial
-                    for r in batch:
+                    await asyncio.to_thread(self._rollout, rollout)
+                except BaseException as e:  # every request in flight fails loudly, none returns partial
+                    for r in rollout.requests():
                         if not r.future.done():
                             r.future.set_exception(e)
-                    continue
-            for r, res in zip(batch, results):
-                if not r.future.done():
-                    r.future.set_result(res)
 
-    def _rollout(self, batch: list[_Request]) -> list[tuple]:
+    def _take(self, rollout_key: tuple) -> list[_Request]:
+        """The pending requests a rollout with these sampling settings decodes (under ``_pending_lock``)."""
+        taken = [r for r in self._pending if r.rollout_key == rollout_key]
+        self._pending = [r for r in self._pending if r.rollout_key != rollout_key]
+        return taken
+
+    def _joining(self, rollout_key: tuple) -> list[_Request]:
+        """In the rollout thread, after every decode step: the pending requests that join the running rollout, once
+        their arrivals pause as ``_drain``'s do (within ``BATCH_WINDOWS_AT_MOST`` windows of the first)."""
+        window = self.settings.batch_window_ms / 1000
+        with self._pending_lock:
+            alike = [r.arrived for r in self._pending if r.rollout_key == rollout_key]
+            if not alike:
+                return []
+            now = time.monotonic()
+            if now - max(alike) < window and now - min(alike) < BATCH_WINDOWS_AT_MOST * window:
+                return []
+            return self._take(rollout_key)
+
+    def _rollout(self, rollout: "_LiveRollout") -> None:
+        """One engine rollout (in a thread): the batch's groups, and the groups that join while it decodes; every
+        request is answered as its sample finishes."""
         from ...predict import make_predictor
+        from ...engines.base import Arrivals
         from ...engines.sampling import SamplingParams
 
-        groups: dict[tuple, list[_Request]] = {}
-        for r in batch:
-            groups.setdefault(r.group_key, []).append(r)
-        results: dict[str, tuple] = {}
-        # one engine rollout per sampling setting (a batch normally has one); all groups planned together
-        by_params: dict[tuple, list[tuple]] = {}
-        for key, reqs in groups.items():
-            by_params.setdefault(key[1:], []).append(key)
-        for (temperature, top_p, top_k, max_tokens, stops, seed), keys in by_params.items():
-            prompts, ids, members = [], [], []
-            # groups by prompt, samples by index, whatever order the requests came in: the same batch gets the same
-            # plan (samples the predictor cannot tell apart are planned in position order), so decode steps repeat
-            for key_of_prompt, key in sorted((prompt_key(k[0]), k) for k in keys):
-                reqs = groups[key]
-                indices = []
-                for r in reqs:  # the sample index keys its random stream: session id, else arrival order
-                    if r.session_id is not None:
-                        indices.append(r.session_id)
-                    else:
-                        indices.append(self._issued.get(key, 0))
-                        self._issued[key] = indices[-1] + 1
-                by_index = sorted(range(len(reqs)), key=indices.__getitem__)
-                members.append(([reqs[i] for i in by_index], [indices[i] for i in by_index]))
-                prompts.append(list(key[0]))
-                ids.append(key_of_prompt)  # the predictor learns per prompt across steps
-            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_tokens,
-                                    stop_token_ids=stops, seed=self._step_seed() if seed is None else seed)
-            capacity = self._capacity()
-            if self._predictor is None:
-                self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
-            for reqs, indices in members:
-                if len(set(indices)) != len(indices):
-                    raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
+        temperature, top_p, top_k, stops, seed = rollout.key
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
+                                max_new_tokens=self.response_length, stop_token_ids=stops,
+                                seed=self._step_seed() if seed is None else seed)
+        first = self._groups_of(rollout.first)
+        rollout.members.extend(first)
+        capacity = self._capacity()
+        if self._predictor is None:
+            self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
+
+        def arrivals() -> Arrivals | None:
+            joining = self._joining(rollout.key)
+            if not joining:
+                return None
+            rollout.note_joined(joining)
             try:
-                if self._abort.is_set():
-                    raise RolloutAborted(None)
-                res = self.engine.rollout(prompts, [len(ix) for _, ix in members], params,
-                                          policy=self.settings.policy, capacity=capacity, predictor=self._predictor,
-                                          prompt_ids=ids, stream_indices=[ix for _, ix in members],
-                                          fptas_eps=self.settings.fptas_eps, on_step=self._stop_if_aborted)
-            except RolloutAborted as stop:
-                results.update(_aborted_results(members, stop.sched))
-                continue
-            self.last_rollout_metrics = {
-                "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
-                "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
-                "infsample/lookahead_prefills": res.stats.lookahead_prefills,
-                "infsample/samples": sum(len(ix) for _, ix in members), "infsample/wall_s": res.wall_s,
-                "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
-            with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
-                self._step_metrics = merge_rollout_metrics(
-                    [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
-                                          "infsample/total_tokens": res.total_tokens}], parallel=False)
-            for (reqs, _), outs, key_of_prompt in zip(members, res.outputs, ids):
-                for r, o in zip(reqs, outs):
-                    results[r.request_id] = (o.token_ids, o.logprobs, o.preemptions, "completed")
-                    self._finished_lengths.append((key_of_prompt, len(o.token_ids)))
-        return [results[r.request_id] for r in batch]
+                groups = self._groups_of(joining)
+            except ValueError as e:  # (they fail alone; the rollout goes on)
+                for r in joining:
+                    rollout.answer(r, error=e)
+                return None
+            base = len(rollout.members)
+            rollout.members.extend(groups)
+            rollout.joined += len(joining)
+
+            def refuse(error: Exception) -> None:
+                del rollout.members[base:]
+                for r in joining:
+                    rollout.answer(r, error=ValueError(f"request {r.request_id}: {error}"))
+            return Arrivals([list(g.prompt) for g in groups], [len(g.indices) for g in groups],
+                            [g.prompt_key for g in groups], [g.indices for g in groups],
+                            [g.max_tokens for g in groups], refuse)
+
+        def on_finished(samples) -> None:
+            for smp in samples:
+                group = rollout.members[smp.group]
+                rollout.answer(group.requests[smp.index], (smp.payload["tokens"], smp.payload["logprobs"],
+                                                           smp.preemptions, "completed"))
+                self._finished_lengths.append((group.prompt_key, len(smp.payload["tokens"])))
+
+        try:
+            if self._abort.is_set():
+                raise RolloutAborted(None)
+            res = self.engine.rollout([list(g.prompt) for g in first], [len(g.indices) for g in first], params,
+                                      policy=self.settings.policy, capacity=capacity, predictor=self._predictor,
+                                      prompt_ids=[g.prompt_key for g in first],
+                                      stream_indices=[g.indices for g in first],
+                                      max_new_tokens=[g.max_tokens for g in first], fptas_eps=self.settings.fptas_eps,
+                                      on_step=self._stop_if_aborted, on_finished=on_finished, arrivals=arrivals)
+        except RolloutAborted as stop:
+            for r, result in _aborted_results(rollout.members, stop.sched):
+                rollout.answer(r, result)
+            return
+        self.last_rollout_metrics = {
+            "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
+            "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
+            "infsample/lookahead_prefills": res.stats.lookahead_prefills,
+            "infsample/samples": sum(len(g.indices) for g in rollout.members), "infsample/wall_s": res.wall_s,
+            "infsample/joined": rollout.joined, "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
+        with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
+            self._step_metrics = merge_rollout_metrics(
+                [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
+                                      "infsample/total_tokens": res.total_tokens}], parallel=False)
+        for group, outs in zip(rollout.members, res.outputs):  # (each was answered as it finished)
+            for r, o in zip(group.requests, outs):
+                rollout.answer(r, (o.token_ids, o.logprobs, o.preemptions, "completed"))
+
+    def _groups_of(self, requests: list[_Request]) -> list["_RequestGroup"]:
+        """Requests alike in prompt and sampling settings are one group's samples; groups by prompt, samples by index,
+        whatever order the requests came in: the same batch gets the same plan (samples the predictor cannot tell
+        apart are planned in position order), so decode steps repeat. A sample's index keys its random stream: its
+        session id, else its arrival order within the step."""
+        groups: dict[tuple, list[_Request]] = {}
+        for r in requests:
+            groups.setdefault(r.group_key, []).append(r)
+        out = []
+        for key_of_prompt, key in sorted((prompt_key(k[0]), k) for k in groups):
+            reqs = groups[key]
+            indices = []
+            for r in reqs:
+                if r.session_id is not None:
+                    indices.append(r.session_id)
+                else:
+                    indices.append(self._issued.get(key, 0))
+                    self._issued[key] = indices[-1] + 1
+            if len(set(indices)) != len(indices):
+                raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
+            by_index = sorted(range(len(reqs)), key=indices.__getitem__)
+            out.append(_RequestGroup(key[0], key_of_prompt, reqs[0].max_tokens, [reqs[i] for i in by_index],
+                                     [indices[i] for i in by_index]))
+        return out
 
     def _capacity(self):
         """``custom.kv_budget`` or ``custom.slots`` when set, else rollout.max_num_seqs slots."""
@@ -345,7 +456,8 @@ class InfiniteServer:
         once nothing decodes."""
         self._paused, self._rejecting = True, reject_request
         self._resumed.clear()
-        queued, self._pending = self._pending, []
+        with self._pending_lock:
+            queued, self._pending = self._pending, []
         for r in queued:
             if not r.future.done():
                 r.future.set_result(([], [], 0, "aborted"))
@@ -391,7 +503,7 @@ class InfiniteServer:
 
 # How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
 # steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
-_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/total_tokens",
+_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/joined", "infsample/total_tokens",
         "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size")
@@ -432,21 +544,21 @@ class RolloutAborted(Exception):
         self.sched = sched
 
 
-def _aborted_results(members: list[tuple], sched) -> dict[str, tuple]:
+def _aborted_results(members: list[_RequestGroup], sched) -> list[tuple[_Request, tuple]]:
     """Every request of an aborted engine rollout: its tokens so far, "completed" if its sample had finished."""
     by_group: dict[int, list] = {}
     for s in sorted(sched.samples, key=lambda s: s.key) if sched is not None else []:
         by_group.setdefault(s.group, []).append(s)
-    results = {}
-    for g, (reqs, _) in enumerate(members):
-        samples = by_group.get(g, [None] * len(reqs))
-        for r, s in zip(reqs, samples):
+    results = []
+    for g, group in enumerate(members):
+        samples = by_group.get(g, [None] * len(group.requests))
+        for r, s in zip(group.requests, samples):
             if s is None:
-                results[r.request_id] = ([], [], 0, "aborted")
+                results.append((r, ([], [], 0, "aborted")))
             else:
                 finished = s.payload.get("finish") is not None  # VLLMEngine starts every sample at finish=None
-                results[r.request_id] = (list(s.payload.get("tokens", [])), list(s.payload.get("logprobs", [])),
-                                         s.preemptions, "completed" if finished else "aborted")
+                results.append((r, (list(s.payload.get("tokens", [])), list(s.payload.get("logprobs", [])),
+                                    s.preemptions, "completed" if finished else "aborted")))
     return results
 
 
