@@ -31,6 +31,24 @@ def test_top_k_and_top_p_renormalise():
     np.testing.assert_allclose(f, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.012)
 
 
+def test_min_p_keeps_the_tokens_within_its_share_of_the_most_likely():
+    f = _freq(SamplingParams(min_p=0.4))  # p >= 0.4 x 0.5: the first two
+    np.testing.assert_allclose(f, [2 / 3, 1 / 3, 0, 0, 0], atol=0.012)
+    f = _freq(SamplingParams(min_p=0.25, temperature=2.0))  # at T=2, p ~ sqrt(p): keeps p >= 0.25 x max
+    p = np.sqrt([0.5, 0.25, 0.15, 0.07, 0.03])
+    p = np.where(p >= 0.25 * p.max(), p, 0)
+    np.testing.assert_allclose(f, p / p.sum(), atol=0.012)
+
+
+@pytest.mark.parametrize("key, value, says", [("min_p", 1.5, "min_p must be in"), ("min_tokens", 200, "min_tokens must"),
+                                              ("repetition_penalty", 0.0, "repetition_penalty must be > 0"),
+                                              ("presence_penalty", 2.5, "presence_penalty must be in"),
+                                              ("frequency_penalty", -3.0, "frequency_penalty must be in")])
+def test_bad_values_are_refused_by_name(key, value, says):
+    with pytest.raises(ValueError, match=says):
+        SamplingParams(**{key: value})
+
+
 def test_greedy_and_logprob():
     token, logprob = sample_token(LOGITS, SamplingParams(temperature=0), sample_stream(0, "p", 0))
     assert token == 0 and logprob == pytest.approx(np.log(0.5))
@@ -120,7 +138,8 @@ def test_device_sampler_draws_from_the_distribution_and_matches_the_host_rules()
     np.testing.assert_allclose(logprobs, np.log(p[tokens]), rtol=0, atol=1e-12)
     rows = torch.randn(5, 40)
     for params in (SamplingParams(temperature=0), SamplingParams(top_k=3), SamplingParams(top_p=0.7),
-                   SamplingParams(temperature=0.5, logit_bias=((2, 4.0),))):
+                   SamplingParams(temperature=0.5, logit_bias=((2, 4.0),)), SamplingParams(min_p=0.2),
+                   SamplingParams(temperature=1.5, top_k=10, min_p=0.1)):
         host_logp, host_keep = sampling._distribution(rows.numpy(), params)
         dev_logp, dev_keep = ts.distribution(rows, params)
         np.testing.assert_allclose(dev_logp.numpy(), host_logp, rtol=0, atol=1e-12)
@@ -132,6 +151,59 @@ def test_device_sampler_draws_from_the_distribution_and_matches_the_host_rules()
         alone = [ts.sample_tokens(rows[i:i + 1], params, [ts.counter_stream(9, "q", i)])[0][0] for i in range(5)]
         assert together.tolist() == alone and all(s.t == 1 for s in batch)
         if host_keep is not None:
-            assert host_keep[np.arange(5), together].all()  # never a token top-k / top-p dropped
+            assert host_keep[np.arange(5), together].all()  # never a token top-k / top-p / min-p dropped
         else:
             assert together.tolist() == rows.argmax(1).tolist()
+
+
+# --- penalties: vLLM's history rules, before either sampler ---------------------------------------------------------
+def _reference_penalties(logits, params, prompt, response):
+    """vLLM's rules one token at a time, in plain Python: the bias, min_tokens, repetition, frequency, presence."""
+    x = [float(v) for v in logits]
+    for token, bias in params.logit_bias:
+        x[token] += bias
+    if len(response) < params.min_tokens:
+        for t in params.stop_token_ids:
+            x[t] = -np.inf
+    for t in set(prompt) | set(response):
+        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
+    for t in set(response):
+        x[t] -= params.frequency_penalty * response.count(t) + params.presence_penalty
+    return np.array(x)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(repetition_penalty=1.7), SamplingParams(repetition_penalty=0.6),
+    SamplingParams(presence_penalty=1.5), SamplingParams(frequency_penalty=-0.5),
+    SamplingParams(min_tokens=3, stop_token_ids=(0, 4)),
+    SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25, logit_bias=((5, 2.0),),
+                   min_tokens=2, stop_token_ids=(1,))])
+def test_penalties_follow_vllms_rules_row_by_row(params):
+    import torch
+
+    from verl_infsample.engines.penalties import apply_penalties, sampler_params
+
+    gen = np.random.default_rng(0)
+    logits = torch.tensor(gen.normal(size=(4, 12)) * 2, dtype=torch.float32)
+    prompts = [torch.tensor([3, 5, 5]), torch.tensor([7]), torch.tensor([2, 9, 11, 3]), torch.tensor([0])]
+    responses = [[], [5, 5, 8], [1, 2, 3, 3, 3], [6, 4]]
+    got = apply_penalties(logits, params, prompts, responses)
+    assert got is not logits and got.dtype == torch.float32
+    for b in range(4):
+        want = _reference_penalties(logits[b].numpy(), params, prompts[b].tolist(), responses[b])
+        np.testing.assert_allclose(got[b].numpy(), want, rtol=1e-6, atol=1e-6)
+    # a row's result does not depend on the other rows (schedule invariance)
+    alone = apply_penalties(logits[2:3], params, prompts[2:3], responses[2:3])
+    assert torch.equal(alone[0], got[2])
+    assert sampler_params(params).logit_bias == ()  # the bias is added once, here
+
+
+def test_no_history_rules_leave_the_logits_to_the_sampler():
+    import torch
+
+    from verl_infsample.engines.penalties import apply_penalties, sampler_params
+
+    logits = torch.zeros(2, 5)
+    params = SamplingParams(logit_bias=((1, 3.0),), stop_token_ids=(2,))
+    assert apply_penalties(logits, params, [torch.tensor([1])] * 2, [[1], []]) is logits
+    assert sampler_params(params) is params and not params.reads_history

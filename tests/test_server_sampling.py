@@ -1,7 +1,9 @@
-"""Every sampling parameter verl's clients send, on the transformers engine's server: honoured, or refused by name
-with the alternative (never dropped); requests that differ in one are never decoded as one group."""
+"""Every sampling parameter verl's clients send, on the transformers engine's server: honoured with vLLM's meaning,
+or refused by name with the alternative (never dropped); requests that differ in one are never decoded as one
+group; a bad request fails alone."""
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
 
-def _server(model_dir, batch_window_ms=0, response_length=24):
+def _server(model_dir, batch_window_ms=0, response_length=24, overrides=()):
     from hydra import compose, initialize_config_dir
 
     from verl_infsample.integration.rollout.server import InfiniteServer
@@ -18,7 +20,7 @@ def _server(model_dir, batch_window_ms=0, response_length=24):
         cfg = compose(config_name="infinite_grpo", overrides=[
             f"actor_rollout_ref.rollout.response_length={response_length}", "actor_rollout_ref.rollout.prompt_length=64",
             "actor_rollout_ref.rollout.custom.slots=8", "actor_rollout_ref.rollout.custom.threads=1",
-            f"actor_rollout_ref.rollout.custom.batch_window_ms={batch_window_ms}"])
+            f"actor_rollout_ref.rollout.custom.batch_window_ms={batch_window_ms}", *overrides])
     return InfiniteServer(cfg.actor_rollout_ref.rollout, {"path": model_dir})
 
 
@@ -72,14 +74,116 @@ def test_requests_that_differ_in_a_parameter_are_not_one_group(server, tiny_prom
     assert (len(short.token_ids), len(long_.token_ids)) == (2, 24)
 
 
-@pytest.mark.parametrize("key, value", [("min_tokens", 2), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
-                                        ("repetition_penalty", 1.1), ("logit_bias", {1: 2.0})])
-def test_what_the_engine_cannot_honour_is_refused_by_name(server, tiny_prompts, key, value):
-    with pytest.raises(ValueError, match=rf"request r0: .*{key}.*custom\.engine=vllm"):
-        generate(server, tiny_prompts[0][0], 1, **{key: value})
-    neutral = {"min_tokens": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-    if key in neutral:  # at its neutral value a key is accepted (verl always sends repetition_penalty=1.0)
-        assert generate(server, tiny_prompts[0][0], 1, **{key: neutral[key]})[0].stop_reason == "completed"
+def _reference_greedy(model, prompt, stops, cap, params):
+    """Greedy decoding by a plain full forward per token, with vLLM's rules written out by hand: the logit bias and
+    ``min_tokens`` first, then the repetition penalty (prompt and response tokens), then presence and frequency."""
+    import torch
+
+    out = []
+    while len(out) < cap:
+        with torch.no_grad():
+            x = model(torch.tensor([prompt + out])).logits[0, -1].double().tolist()
+        for t, b in (params.get("logit_bias") or {}).items():
+            x[int(t)] += b
+        if len(out) < params.get("min_tokens", 0):
+            for t in stops:
+                x[t] = float("-inf")
+        rp = params.get("repetition_penalty", 1.0)
+        for t in set(prompt) | set(out):
+            x[t] = x[t] / rp if x[t] > 0 else x[t] * rp
+        for t in set(out):
+            x[t] -= params.get("frequency_penalty", 0.0) * out.count(t) + params.get("presence_penalty", 0.0)
+        out.append(max(range(len(x)), key=x.__getitem__))
+        if out[-1] in stops:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32").eval()
+
+
+HISTORY_PARAMS = [{"repetition_penalty": 1.8}, {"repetition_penalty": 0.5}, {"presence_penalty": -2.0},
+                  {"frequency_penalty": -1.5}, {"min_tokens": 12}, {"logit_bias": {"2": 8.0}},
+                  {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.5, "min_tokens": 4}]
+
+
+@pytest.mark.parametrize("params", HISTORY_PARAMS, ids=lambda p: ",".join(p))
+def test_penalties_min_tokens_and_logit_bias_decode_as_vllm_rules_say(server, tiny_prompts, reference_model, params):
+    """Each history rule (and the logit bias), honoured: greedy decoding with it equals a plain reference decode with
+    the rule written out by hand, and differs from greedy without it on some prompt (the rule is not dropped). Both
+    kinds of request are sent at once: requests that differ in a parameter never decode as one group."""
+    prompts = tiny_prompts[0][:4]
+
+    async def run():
+        return await asyncio.gather(*[server.generate(p, {"temperature": 0.0, **extra}, f"r{i}", session_id=0)
+                                      for i, p in enumerate(prompts) for extra in ({}, params)])
+    outs = asyncio.run(run())
+    plain, ruled = [o.token_ids for o in outs[::2]], [o.token_ids for o in outs[1::2]]
+    for p, a, b in zip(prompts, plain, ruled):
+        assert a == _reference_greedy(reference_model, p, server.stop_ids, 24, {})
+        assert b == _reference_greedy(reference_model, p, server.stop_ids, 24, params)
+    assert plain != ruled
+    if "min_tokens" in params:  # no stop before min_tokens
+        assert all(len(b) >= params["min_tokens"] for b in ruled)
+        assert any(len(a) < params["min_tokens"] for a in plain)
+
+
+def test_min_p_and_top_k_and_top_p_at_their_limits_decode_greedily(server, tiny_prompts):
+    prompt = tiny_prompts[0][3]
+    greedy = generate(server, prompt, 1, temperature=0.0)[0].token_ids
+    for key, value in (("min_p", 1.0), ("top_k", 1), ("top_p", 1e-9)):
+        assert {tuple(o.token_ids) for o in generate(server, prompt, 4, **{key: value})} == {tuple(greedy)}, key
+    sampled = {tuple(o.token_ids) for o in generate(server, prompt, 4, min_p=0.0)}
+    assert len(sampled) > 1  # (without them the 4 samples differ)
+
+
+def test_logprobs_come_back_only_when_asked(server, tiny_prompts):
+    import math
+
+    with_lp, without = generate(server, tiny_prompts[0][0], 1, logprobs=True)[0], generate(
+        server, tiny_prompts[0][0], 1, logprobs=False)[0]
+    assert len(with_lp.log_probs) == len(with_lp.token_ids) and all(lp <= 0 for lp in with_lp.log_probs)
+    assert without.log_probs is None
+    greedy = generate(server, tiny_prompts[0][0], 1, temperature=0.0, logprobs=True)[0]
+    assert all(math.isfinite(lp) for lp in greedy.log_probs)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("n", 2, "sampling parameter 'n' is not supported"), ("stop", ["."], "sampling parameter 'stop' is not supported"),
+    ("allowed_token_ids", [1, 2], "'allowed_token_ids' is not supported"),
+    ("repetition_penalty", 0.0, "repetition_penalty must be > 0"),
+    ("presence_penalty", 3.0, "presence_penalty must be in \\[-2, 2\\]"),
+    ("min_tokens", 30, "min_tokens must be in \\[0, max_new_tokens=24\\]"), ("min_p", -0.1, "min_p must be in"),
+    ("logit_bias", {"100000": 1.0}, "logit_bias names token 100000, outside the model's vocabulary"),
+    ("stop_token_ids", [-1], "stop_token_ids names token -1, outside"),
+    ("max_tokens", 25, "max_tokens=25 exceeds actor_rollout_ref.rollout.response_length=24")])
+def test_what_the_engine_cannot_honour_fails_its_request_alone_by_name(server, tiny_prompts, key, value, says):
+    async def run():
+        return await asyncio.gather(server.generate(tiny_prompts[0][0], {key: value}, "bad"),
+                                    server.generate(tiny_prompts[0][0], {"temperature": 1.0}, "good"),
+                                    return_exceptions=True)
+    bad, good = asyncio.run(run())
+    assert isinstance(bad, ValueError) and str(bad).startswith("request bad: "), bad
+    assert re.search(says, str(bad)), str(bad)
+    if "not supported" in says:  # the alternative that takes it
+        assert "custom.engine=vllm" in str(bad)
+    assert good.stop_reason == "completed" and good.token_ids
+
+
+def test_the_rollout_configs_ignore_eos_and_repetition_penalty_are_the_requests_defaults(tiny_model_dir, tiny_prompts,
+                                                                                        reference_model):
+    """As verl's vLLM server: rollout.ignore_eos and rollout.repetition_penalty apply where a request says nothing."""
+    server = _server(tiny_model_dir, overrides=["actor_rollout_ref.rollout.ignore_eos=true",
+                                                "+actor_rollout_ref.rollout.repetition_penalty=1.8"])
+    prompt = tiny_prompts[0][3]  # (greedy ends at eos after 3 tokens)
+    out = generate(server, prompt, 1, temperature=0.0)[0].token_ids
+    assert len(out) == 24 and out == _reference_greedy(reference_model, prompt, (), 24, {"repetition_penalty": 1.8})
+    said = generate(server, prompt, 1, temperature=0.0, ignore_eos=False, repetition_penalty=1.0)[0].token_ids
+    assert said == _reference_greedy(reference_model, prompt, server.stop_ids, 24, {}) != out
 
 
 @pytest.mark.parametrize("params, message", [({"temperature": -0.5}, "temperature must be >= 0"),
@@ -94,14 +198,23 @@ def test_a_bad_value_fails_its_request_alone(server, tiny_prompts, params, messa
     assert good.stop_reason == "completed" and good.token_ids
 
 
-def test_a_prompt_longer_than_the_context_fails_alone(server, tiny_prompts):
-    async def run():
-        return await asyncio.gather(server.generate(list(range(3, 3 + 100)), {"temperature": 1.0}, "long"),
+def test_a_prompt_longer_than_the_context_fails_alone(tiny_model_dir, tiny_prompts):
+    """As verl's vLLM server: a prompt past rollout.prompt_length + response_length still gets one token (a late turn
+    of a multi-turn agent); one that fills the model's context (rollout.max_model_len) fails alone."""
+    server = _server(tiny_model_dir, overrides=["+actor_rollout_ref.rollout.max_model_len=120"])
+
+    async def run(prompt):
+        return await asyncio.gather(server.generate(prompt, {"temperature": 1.0, "ignore_eos": True}, "long"),
                                     server.generate(tiny_prompts[0][0], {"temperature": 1.0}, "good"),
                                     return_exceptions=True)
-    long_, good = asyncio.run(run())
-    assert isinstance(long_, ValueError) and "request long: prompt of 100 tokens leaves no room" in str(long_)
-    assert "prompt_length=64" in str(long_) and good.stop_reason == "completed"
+    past_budget, good = asyncio.run(run(list(range(3, 3 + 100))))
+    assert len(past_budget.token_ids) == 1 and good.stop_reason == "completed"
+    near_context, _ = asyncio.run(run(list(range(3, 3 + 110))))
+    assert len(near_context.token_ids) == 1
+    too_long, good = asyncio.run(run(list(range(3, 3 + 120))))
+    assert isinstance(too_long, ValueError) and "request long: prompt of 120 tokens leaves no room" in str(too_long)
+    assert "context of 120 tokens (actor_rollout_ref.rollout.max_model_len" in str(too_long)
+    assert good.stop_reason == "completed"
 
 
 def test_an_engine_failure_fails_its_batch_loudly_and_the_next_batch_is_served(server, tiny_prompts, monkeypatch):

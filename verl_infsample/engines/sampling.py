@@ -21,16 +21,26 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """vLLM's sampling parameters that a rollout honours, with vLLM's meaning and checks."""
+
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0  # keep tokens with probability >= min_p x the most likely one's
     max_new_tokens: int = 128
+    min_tokens: int = 0  # no stop token before this many tokens
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
     logprobs: bool = True
     # ((token id, bias), ...) added to those logits before sampling (vLLM's ``logit_bias``), e.g. on eos to move
     # the length distribution
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # on the logits, before temperature, from the sample's own tokens (``penalties``): tokens of the prompt or the
+    # response have positive logits divided by repetition_penalty and negative ones multiplied; every token of the
+    # response loses presence_penalty once and frequency_penalty per occurrence
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -39,8 +49,23 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, key) <= 2:
+                raise ValueError(f"{key} must be in [-2, 2] (0 = off), got {getattr(self, key)}")
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether a token's distribution depends on the sample's own tokens so far (``penalties``)."""
+        return bool(self.min_tokens) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(
+            self.frequency_penalty)
 
 
 def sample_stream(seed: int, prompt_id: str, index: int) -> np.random.Generator:
@@ -104,6 +129,8 @@ def _distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarra
         nucleus = np.zeros_like(keep)
         np.put_along_axis(nucleus, order, np.arange(vocab)[None, :] < cut[:, None], 1)
         keep &= nucleus
+    if params.min_p > 0:  # log p >= log(min_p) + the row's largest log p
+        keep &= logp >= np.log(params.min_p) + logp.max(axis=1, keepdims=True)
     return logp, keep
 
 
@@ -120,7 +147,7 @@ def distribution_stats(logp: np.ndarray, stop_token_ids) -> tuple[np.ndarray, np
     What a length predictor reads; computed only for the rows at a predictor checkpoint, from what sampling
     already has, in few numpy calls (the rows are few: the calls, not the arithmetic, are the cost)."""
     p = np.exp(logp)
-    entropy = -np.einsum("ij,ij->i", p, logp)
+    entropy = -np.einsum("ij,ij->i", p, np.where(p > 0, logp, 0.0))  # (a token banned by min_tokens has log p -inf)
     stop = list(stop_token_ids)
     if not stop:
         return entropy, np.full(len(logp), -np.inf)

@@ -97,6 +97,8 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Te
         nucleus = torch.zeros_like(keep)
         nucleus.scatter_(1, order, torch.arange(vocab, device=logp.device)[None, :] < cut)
         keep &= nucleus
+    if params.min_p > 0:  # log p >= log(min_p) + the row's largest log p
+        keep &= logp >= np.log(params.min_p) + logp.max(dim=1, keepdim=True).values
     return logp, keep
 
 

@@ -35,6 +35,7 @@ from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from ..predict.factory import as_predictor
 from .base import Arrivals, LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
+from .penalties import apply_penalties, sampler_params
 from .shared_prefix import SharedPromptDecode, shares_prompt, use_shared_prefix_attention
 from . import sampling, torch_sampling
 from .sampling import SamplingParams
@@ -156,7 +157,7 @@ class TransformersEngine:
                   for pid, p, size, cap in zip(prompt_ids, prompts, sizes, caps)]
         t0 = time.perf_counter()
         self._reset_batch()
-        self._params = params
+        self._params, self._draw_params = params, sampler_params(params)
         self._prompts = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
         self._caps = caps
         self._stream_indices = ([list(range(size)) for size in sizes] if stream_indices is None
@@ -291,11 +292,11 @@ class TransformersEngine:
             if draw:
                 position = {i: j for j, i in enumerate(draw)}  # (no sample reaching a checkpoint is in ``drawn``)
                 tokens[draw], logprobs[draw], stats = self._draw(
-                    sched, rows[draw], [running[i].payload["rng"] for i in draw], [position[i] for i in reaching])
+                    sched, rows[draw], [running[i] for i in draw], [position[i] for i in reaching])
             for i in drawn:
                 tokens[i], logprobs[i] = running[i].payload.pop("first")
         else:
-            tokens, logprobs, stats = self._draw(sched, rows, [s.payload["rng"] for s in running], reaching)
+            tokens, logprobs, stats = self._draw(sched, rows, running, reaching)
         finished = []
         for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
             s.payload["tokens"].append(token)
@@ -383,7 +384,7 @@ class TransformersEngine:
         for g, group in members.items():
             t0 = time.perf_counter()
             self._prefill_prompt(g)
-            logits = self._prompt_logits[g]
+            logits = apply_penalties(self._prompt_logits[g][None], params, [self._prompts[g]], [[]])[0]
             self._lookahead_prefill_s[g] = time.perf_counter() - t0
             if not self._keep_lookahead_kv:
                 self._free_prompt(g)
@@ -391,8 +392,8 @@ class TransformersEngine:
             for lo in range(0, len(group), _SAMPLE_ROWS):
                 part = group[lo:lo + _SAMPLE_ROWS]
                 t0 = time.perf_counter()
-                tokens, logprobs, logp = self._sampling.shared(
-                    logits if self._sampling.on_device else logits.numpy(), params, [s.payload["rng"] for s in part])
+                tokens, logprobs, logp = self._sampling.shared(logits if self._sampling.on_device else logits.numpy(),
+                                                               self._draw_params, [s.payload["rng"] for s in part])
                 self._first_draw_s += time.perf_counter() - t0
                 entropy, stop = self._sampling.stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
@@ -400,16 +401,20 @@ class TransformersEngine:
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
         return [out[s.uid] for s in samples]
 
-    def _draw(self, sched: Scheduler, rows, rngs: list, report: list[int]) -> tuple[np.ndarray, np.ndarray, list]:
-        """A token and its log-prob for every row of ``rows`` [B, V], ``_SAMPLE_ROWS`` rows at a time (a row's token
-        depends only on its own logits and stream, so the chunks change nothing but the sampler's peak memory); for
-        the rows in ``report`` (ascending), the entropy and stop log-mass of the distribution each was drawn from,
-        in that order (the time of those counts as the predictor's)."""
+    def _draw(self, sched: Scheduler, rows, samples: list[Sample], report: list[int]
+              ) -> tuple[np.ndarray, np.ndarray, list]:
+        """A token and its log-prob for every row of ``rows`` [B, V], the logits of ``samples``, ``_SAMPLE_ROWS`` rows
+        at a time (a row's token depends only on its own logits, history and stream, so the chunks change nothing but
+        the sampler's peak memory); for the rows in ``report`` (ascending), the entropy and stop log-mass of the
+        distribution each was drawn from, in that order (the time of those counts as the predictor's)."""
         tokens, logprobs, stats = [], [], []
-        for lo in range(0, len(rngs), _SAMPLE_ROWS):
-            hi = min(lo + _SAMPLE_ROWS, len(rngs))
-            part = rows[lo:hi] if self._sampling.on_device else rows[lo:hi].numpy()
-            t, lp, logp = self._sampling.tokens(part, self._params, rngs[lo:hi], with_logp=True)
+        for lo in range(0, len(samples), _SAMPLE_ROWS):
+            hi = min(lo + _SAMPLE_ROWS, len(samples))
+            part = apply_penalties(rows[lo:hi], self._params, [self._prompts[s.group] for s in samples[lo:hi]],
+                                   [s.payload["tokens"] for s in samples[lo:hi]])
+            part = part if self._sampling.on_device else part.numpy()
+            t, lp, logp = self._sampling.tokens(part, self._draw_params, [s.payload["rng"] for s in samples[lo:hi]],
+                                                with_logp=True)
             tokens.append(t)
             logprobs.append(lp)
             mine = [i - lo for i in report[bisect_left(report, lo):bisect_left(report, hi)]]

@@ -377,6 +377,11 @@ class VLLMEngine:
             "with a larger max_model_len")
         if self._requests:
             raise RuntimeError("a rollout is already in flight on this engine")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if getattr(params, key):
+                raise ValueError(f"{key}={getattr(params, key)}: VLLMEngine resumes a sample it preempts as a new "
+                                 "request, whose penalty would not count the tokens drawn before; use the transformers "
+                                 "engine, or verl's vLLM server (rollout.name=infinite, custom.engine=vllm)")
         return sizes, prompt_ids
 
     def _begin(self) -> VLLMStats:
@@ -397,8 +402,9 @@ class VLLMEngine:
         p = self._params
         bias = dict(getattr(p, "logit_bias", ()) or ())
         return VLLMSamplingParams(
-            n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0,
-            max_tokens=p.max_new_tokens - generated, stop_token_ids=list(p.stop_token_ids),
+            n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0, min_p=p.min_p,
+            max_tokens=p.max_new_tokens - generated, min_tokens=max(0, p.min_tokens - generated),
+            repetition_penalty=p.repetition_penalty, stop_token_ids=list(p.stop_token_ids),
             seed=request_seed(p.seed, prompt_id, s.payload["stream"], generated), logprobs=0 if p.logprobs else None,
             logit_bias=bias or None, detokenize=False, output_kind=RequestOutputKind.DELTA)
 

@@ -22,8 +22,9 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
+from ...engines.sampling import SamplingParams
 from ..settings import choose_dtype, config_value, settings_from_rollout
 
 logger = logging.getLogger(__name__)
@@ -36,37 +37,44 @@ waits until its sample is decoded, so a step has n x prompts calls in flight (64
 limit would wait in Ray, unseen by the plan (verl's own replicas allow 1000)."""
 
 
-# The sampling parameters verl's clients send, as the transformers engine's server takes them. Honoured:
-HONOURED_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "logprobs", "stop_token_ids",
-                 "ignore_eos", "seed")
-# Accepted only at their neutral value (anything else is refused by name, never dropped):
-NEUTRAL_VALUES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0}
+# The sampling parameters the transformers engine's server honours, with vLLM's meaning (``engines.sampling``); any
+# other key is refused by name, never dropped.
+HONOURED_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_new_tokens", "min_tokens", "logprobs",
+                 "stop_token_ids", "ignore_eos", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "logit_bias")
+LOGIT_BIAS_LIMIT = 100.0  # vLLM clamps a logit bias to [-100, 100]
+
+
+@dataclass(frozen=True)
+class RolloutDefaults:
+    """What a request that does not say takes from verl's rollout config, as verl's vLLM server does."""
+
+    ignore_eos: bool = False  # rollout.ignore_eos
+    repetition_penalty: float = 1.0  # rollout.repetition_penalty
+    seed: int | None = None  # rollout.seed + the replica's rank with rollout.full_determinism, else none
 
 
 @dataclass
 class _Request:
     request_id: str
     prompt_ids: list[int]
-    temperature: float
-    top_p: float
-    top_k: int
+    params: SamplingParams  # its own, with its response cap as max_new_tokens (seed: see ``seed``)
+    seed: int | None  # its own seed, else the rollout's step seed
     logprobs: bool
-    max_tokens: int
     session_id: int | None
     future: asyncio.Future = field(repr=False)
-    stop_token_ids: tuple[int, ...] = ()  # the request's stops: eos (unless ignore_eos) and its own stop_token_ids
-    seed: int | None = None  # its own seed, else the rollout's step seed
     arrived: float = 0.0  # time.monotonic() at arrival
 
     @property
     def rollout_key(self) -> tuple:
-        """Requests alike in these decode in one engine rollout (its sampling settings; caps may differ)."""
-        return (self.temperature, self.top_p, self.top_k, self.stop_token_ids, self.seed)
+        """Requests alike in these decode in one engine rollout (their sampling settings; response caps may differ)."""
+        return tuple(getattr(self.params, f.name) for f in fields(SamplingParams) if f.name != "max_new_tokens"
+                     ) + (self.seed,)
 
     @property
     def group_key(self) -> tuple:
         """Requests alike in all of these are samples of one group."""
-        return (tuple(self.prompt_ids), self.max_tokens, *self.rollout_key)
+        return (tuple(self.prompt_ids), self.params.max_new_tokens, *self.rollout_key)
 
 
 @dataclass
@@ -114,19 +122,39 @@ def _settle(future: asyncio.Future, result, error) -> None:
         future.set_result(result)
 
 
-def check_sampling_params(sampling_params: dict, request_id: str) -> None:
-    """Refuse, by name and with the alternative, every key the transformers engine cannot honour."""
-    for key, value in sampling_params.items():
-        if key in HONOURED_KEYS or value is None:
-            continue
-        if key in NEUTRAL_VALUES:
-            if float(value) == NEUTRAL_VALUES[key]:
-                continue
-            why = f"{key}={value!r} is not supported; leave it at {NEUTRAL_VALUES[key]}"
-        else:
-            why = f"unknown sampling parameter {key!r}; supported: {', '.join(HONOURED_KEYS)}"
-        raise ValueError(f"request {request_id}: {why}, or decode with actor_rollout_ref.rollout.custom.engine=vllm "
-                         "(verl's vLLM server, which takes every vLLM sampling parameter)")
+def request_sampling(sampling_params: dict, request_id: str, *, max_new_tokens: int, eos: tuple[int, ...],
+                     vocab_size: int, defaults: RolloutDefaults) -> tuple[SamplingParams, int | None]:
+    """A request's sampling parameters as the engine takes them (with ``max_new_tokens``, its response cap, and seed 0)
+    and its own seed (None: the rollout's). Every key the engine cannot honour, and every bad value, is refused by
+    name: the error fails this request alone."""
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"request {request_id}: {why}")
+
+    unknown = sorted(k for k, v in sampling_params.items() if k not in HONOURED_KEYS and v is not None)
+    if unknown:
+        raise refuse(f"sampling parameter {unknown[0]!r} is not supported by the transformers engine (it honours "
+                     f"{', '.join(HONOURED_KEYS)}); drop it, or decode with actor_rollout_ref.rollout.custom."
+                     "engine=vllm (verl's vLLM server, which takes every vLLM sampling parameter)")
+    sp = {k: v for k, v in sampling_params.items() if v is not None}
+    for key in ("stop_token_ids", "logit_bias"):
+        if bad := [int(t) for t in (sp.get(key) or ()) if not 0 <= int(t) < vocab_size]:
+            raise refuse(f"{key} names token {bad[0]}, outside the model's vocabulary of {vocab_size}")
+    bias = tuple(sorted((int(t), min(max(float(b), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT))
+                        for t, b in (sp.get("logit_bias") or {}).items()))
+    ignore_eos = bool(sp.get("ignore_eos", defaults.ignore_eos))
+    stops = tuple(sorted({*(() if ignore_eos else eos), *(int(t) for t in sp.get("stop_token_ids") or ())}))
+    seed = sp.get("seed", defaults.seed)
+    try:
+        params = SamplingParams(
+            temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
+            top_k=int(sp.get("top_k", -1)), min_p=float(sp.get("min_p", 0.0)), max_new_tokens=max_new_tokens,
+            min_tokens=int(sp.get("min_tokens", 0)), stop_token_ids=stops, logit_bias=bias,
+            repetition_penalty=float(sp.get("repetition_penalty", defaults.repetition_penalty)),
+            presence_penalty=float(sp.get("presence_penalty", 0.0)),
+            frequency_penalty=float(sp.get("frequency_penalty", 0.0)))
+    except (TypeError, ValueError) as e:
+        raise refuse(str(e)) from None
+    return params, int(seed) if seed is not None else None
 
 
 class InfiniteServer:
@@ -147,7 +175,16 @@ class InfiniteServer:
         self.prompt_length = int(config_value(config, "prompt_length", 512))
         self.response_length = int(config_value(config, "response_length", 512))
         self.engine = build_engine(self.settings, config, path)
+        self.max_model_len = int(config_value(config, "max_model_len", 0) or self.engine.max_positions)
+        if self.max_model_len > self.engine.max_positions:  # (as verl's vLLM server)
+            raise ValueError(f"actor_rollout_ref.rollout.max_model_len={self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings ({self.engine.max_positions}); lower it or leave it unset")
+        self.vocab_size = int(self.engine.model.config.vocab_size)
         self.stop_ids = _stop_token_ids(path)
+        self.defaults = RolloutDefaults(
+            ignore_eos=bool(config_value(config, "ignore_eos", False)),
+            repetition_penalty=float(config_value(config, "repetition_penalty", 1.0)),
+            seed=replica_rank + self.seed if config_value(config, "full_determinism", False) else None)
         self.replica_rank = replica_rank
         self.global_steps: int | None = None
         self._pending: list[_Request] = []  # arrived, not yet in a rollout (the rollout thread takes joiners too)
@@ -174,39 +211,22 @@ class InfiniteServer:
                        audio_data=None, mm_processor_kwargs=None, priority=0, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
-        from ...engines.sampling import SamplingParams
-
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
         prompt_ids = [int(t) for t in prompt_ids]
-        check_sampling_params(sampling_params, request_id)
-        budget = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
-        for key in ("max_tokens", "max_new_tokens"):  # verl's vLLM server takes either
-            if sampling_params.get(key) is not None:
-                budget = min(budget, int(sampling_params[key]))
-        if budget < 1:
-            raise ValueError(f"request {request_id}: prompt of {len(prompt_ids)} tokens leaves no room for a response "
-                             f"(rollout.prompt_length={self.prompt_length}, response_length={self.response_length})")
-        temperature, top_p = float(sampling_params.get("temperature", 1.0)), float(sampling_params.get("top_p", 1.0))
-        top_k = int(sampling_params.get("top_k", -1))
-        try:  # a bad value fails this request alone, here, not its batch in the engine
-            SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=budget)
-        except ValueError as e:
-            raise ValueError(f"request {request_id}: {e}") from None
-        stops = () if sampling_params.get("ignore_eos") else self.stop_ids
-        stops = tuple(sorted({*stops, *(int(t) for t in sampling_params.get("stop_token_ids") or ())}))
-        seed = sampling_params.get("seed")
+        params, seed = request_sampling(sampling_params, request_id, max_new_tokens=self._response_cap(
+            len(prompt_ids), sampling_params, request_id), eos=self.stop_ids, vocab_size=self.vocab_size,
+            defaults=self.defaults)
         while self._paused:  # behind the gate abort_all_requests closed, as verl's vLLM server
             if self._rejecting:
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
                                    extra_fields={"global_steps": self.global_steps})
             await self._resumed.wait()
         session = kwargs.get("session_id")
-        req = _Request(request_id=request_id, prompt_ids=prompt_ids, temperature=temperature, top_p=top_p, top_k=top_k,
-                       logprobs=bool(sampling_params.get("logprobs", False)), max_tokens=budget,
+        req = _Request(request_id=request_id, prompt_ids=prompt_ids, params=params, seed=seed,
+                       logprobs=bool(sampling_params.get("logprobs")),
                        session_id=int(session) if session is not None else None,
-                       future=asyncio.get_running_loop().create_future(), stop_token_ids=stops,
-                       seed=int(seed) if seed is not None else None, arrived=time.monotonic())
+                       future=asyncio.get_running_loop().create_future(), arrived=time.monotonic())
         with self._pending_lock:
             self._pending.append(req)
         if self._worker is None or self._worker.done():
@@ -215,6 +235,25 @@ class InfiniteServer:
         return TokenOutput(token_ids=token_ids, log_probs=log_probs if req.logprobs else None,
                            stop_reason=stop_reason, num_preempted=preempted,
                            extra_fields={"global_steps": self.global_steps})
+
+    def _response_cap(self, prompt_tokens: int, sampling_params: dict, request_id: str) -> int:
+        """The most tokens a request's response may have, as verl's vLLM server reckons it: its ``max_tokens`` (or
+        ``max_new_tokens``), else what rollout.prompt_length + response_length leave after the prompt, at least 1 and
+        within the model's context; past rollout.response_length a request is refused (verl's batch holds no more)."""
+        room = self.max_model_len - prompt_tokens
+        if room < 1:
+            raise ValueError(f"request {request_id}: prompt of {prompt_tokens} tokens leaves no room for a response in "
+                             f"the model's context of {self.max_model_len} tokens (actor_rollout_ref.rollout."
+                             "max_model_len, else the model's max_position_embeddings); shorten the prompt")
+        cap = min(self.response_length, self.prompt_length + self.response_length - prompt_tokens)
+        for key in ("max_tokens", "max_new_tokens"):  # verl's vLLM server takes either, max_tokens first
+            if sampling_params.get(key) is not None:
+                cap = int(sampling_params[key])
+                if cap > self.response_length:
+                    raise ValueError(f"request {request_id}: {key}={cap} exceeds actor_rollout_ref.rollout."
+                                     f"response_length={self.response_length}; lower it or raise response_length")
+                break
+        return max(1, min(cap, room))
 
     async def _drain(self) -> None:
         """Start a rollout once the arrivals pause (a group's n requests come together); one rollout at a time.
@@ -272,12 +311,9 @@ class InfiniteServer:
         request is answered as its sample finishes."""
         from ...predict import make_predictor
         from ...engines.base import Arrivals
-        from ...engines.sampling import SamplingParams
-
-        temperature, top_p, top_k, stops, seed = rollout.key
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
-                                max_new_tokens=self.response_length, stop_token_ids=stops,
-                                seed=self._step_seed() if seed is None else seed)
+        head = rollout.first[0]
+        params = replace(head.params, max_new_tokens=self.response_length,
+                         seed=self._step_seed() if head.seed is None else head.seed)
         first = self._groups_of(rollout.first)
         rollout.members.extend(first)
         capacity = self._capacity()
@@ -362,7 +398,7 @@ class InfiniteServer:
             if len(set(indices)) != len(indices):
                 raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
             by_index = sorted(range(len(reqs)), key=indices.__getitem__)
-            out.append(_RequestGroup(key[0], key_of_prompt, reqs[0].max_tokens, [reqs[i] for i in by_index],
+            out.append(_RequestGroup(key[0], key_of_prompt, key[1], [reqs[i] for i in by_index],
                                      [indices[i] for i in by_index]))
         return out
 
