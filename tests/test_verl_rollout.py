@@ -80,13 +80,12 @@ def test_bad_settings_fail_in_verls_validate_config_before_ray(override, message
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.trainer_mode='colocate_async': the transformers engine"),
     ("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode='separate_async': the transformers engine"),
     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank=8: the transformers engine loads whole"),
 ])
 def test_what_the_transformers_engine_cannot_serve_is_refused_before_ray(override, message):
-    """verl's async trainer modes and LoRA updates, on the transformers engine (the CPU's auto): refused inside
-    verl's validate_config, by name, before anything starts; the synchronous modes pass our checks."""
+    """verl's separate_async mode and LoRA updates, on the transformers engine (the CPU's auto): refused inside
+    verl's validate_config, by name, before anything starts; the modes it serves pass our checks."""
     import verl.utils.config as verl_config
 
     from verl_infsample.integration.settings import SettingsError, check_transformers_engine_serves
@@ -94,7 +93,7 @@ def test_what_the_transformers_engine_cannot_serve_is_refused_before_ray(overrid
     base = ("trainer.device=cpu", "trainer.n_gpus_per_node=1")
     with pytest.raises(SettingsError, match=message):
         verl_config.validate_config(compose(*base, override), use_reference_policy=True, use_critic=False)
-    for mode in ("sync", "infinite_sync"):
+    for mode in ("sync", "infinite_sync", "colocate_async"):
         check_transformers_engine_serves(compose(*base, f"trainer.v1.trainer_mode={mode}"))
 
 

@@ -111,17 +111,20 @@ def vllm_ordering(settings: InfiniteRolloutSettings) -> str:
     return VLLM_ORDERING[settings.policy]
 
 
-SYNC_TRAINER_MODES = ("sync", "infinite_sync")
+TRAINER_MODES_SERVED = ("sync", "infinite_sync", "colocate_async")
+"""The V1 trainer modes the transformers engine's server runs (colocate_async: verl aborts the rollout at the end
+of each sampling phase, syncs the weights and resumes the aborted samples with the new ones, through the server's
+abort / resume)."""
 
 
 def check_transformers_engine_serves(config) -> None:
-    """What the transformers engine's server cannot serve, refused before Ray starts, by name: verl's asynchronous
-    trainer modes (partial rollouts across weight versions, a checkpoint engine) and LoRA weight updates."""
+    """What the transformers engine's server cannot serve, refused before Ray starts, by name: verl's separate_async
+    mode (standalone rollout replicas fed by a checkpoint engine) and LoRA weight updates."""
     trainer = config.get("trainer") or {}
     mode = (trainer.get("v1") or {}).get("trainer_mode", "sync") if trainer.get("use_v1", True) else "sync"
-    if mode not in SYNC_TRAINER_MODES:
+    if mode not in TRAINER_MODES_SERVED:
         raise SettingsError(f"trainer.v1.trainer_mode={mode!r}: the transformers engine of rollout.name=infinite "
-                            f"serves verl's synchronous modes ({', '.join(SYNC_TRAINER_MODES)}); for {mode} decode "
+                            f"serves verl's modes {', '.join(TRAINER_MODES_SERVED)}; for {mode} decode "
                             f"with {PREFIX}.engine=vllm (verl's own vLLM server)")
     lora_rank = int((config.actor_rollout_ref.get("model") or {}).get("lora_rank", 0) or 0)
     if lora_rank > 0:

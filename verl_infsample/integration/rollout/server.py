@@ -130,21 +130,20 @@ def request_sampling(sampling_params: dict, request_id: str, *, max_new_tokens: 
     def refuse(why: str) -> ValueError:
         return ValueError(f"request {request_id}: {why}")
 
-    unknown = sorted(k for k, v in sampling_params.items() if k not in HONOURED_KEYS and v is not None)
-    if unknown:
+    if unknown := sorted(k for k, v in sampling_params.items() if k not in HONOURED_KEYS and v is not None):
         raise refuse(f"sampling parameter {unknown[0]!r} is not supported by the transformers engine (it honours "
                      f"{', '.join(HONOURED_KEYS)}); drop it, or decode with actor_rollout_ref.rollout.custom."
                      "engine=vllm (verl's vLLM server, which takes every vLLM sampling parameter)")
     sp = {k: v for k, v in sampling_params.items() if v is not None}
-    for key in ("stop_token_ids", "logit_bias"):
-        if bad := [int(t) for t in (sp.get(key) or ()) if not 0 <= int(t) < vocab_size]:
-            raise refuse(f"{key} names token {bad[0]}, outside the model's vocabulary of {vocab_size}")
-    bias = tuple(sorted((int(t), min(max(float(b), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT))
-                        for t, b in (sp.get("logit_bias") or {}).items()))
-    ignore_eos = bool(sp.get("ignore_eos", defaults.ignore_eos))
-    stops = tuple(sorted({*(() if ignore_eos else eos), *(int(t) for t in sp.get("stop_token_ids") or ())}))
-    seed = sp.get("seed", defaults.seed)
     try:
+        for key in ("stop_token_ids", "logit_bias"):
+            if bad := [int(t) for t in (sp.get(key) or ()) if not 0 <= int(t) < vocab_size]:
+                raise ValueError(f"{key} names token {bad[0]}, outside the model's vocabulary of {vocab_size}")
+        bias = tuple(sorted((int(t), min(max(float(b), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT))
+                            for t, b in (sp.get("logit_bias") or {}).items()))
+        ignore_eos = bool(sp.get("ignore_eos", defaults.ignore_eos))
+        stops = tuple(sorted({*(() if ignore_eos else eos), *(int(t) for t in sp.get("stop_token_ids") or ())}))
+        seed = sp.get("seed", defaults.seed)
         params = SamplingParams(
             temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
             top_k=int(sp.get("top_k", -1)), min_p=float(sp.get("min_p", 0.0)), max_new_tokens=max_new_tokens,
@@ -152,9 +151,9 @@ def request_sampling(sampling_params: dict, request_id: str, *, max_new_tokens: 
             repetition_penalty=float(sp.get("repetition_penalty", defaults.repetition_penalty)),
             presence_penalty=float(sp.get("presence_penalty", 0.0)),
             frequency_penalty=float(sp.get("frequency_penalty", 0.0)))
+        return params, int(seed) if seed is not None else None
     except (TypeError, ValueError) as e:
         raise refuse(str(e)) from None
-    return params, int(seed) if seed is not None else None
 
 
 class InfiniteServer:
