@@ -132,10 +132,10 @@ def test_penalties_min_tokens_and_logit_bias_decode_as_vllm_rules_say(server, ti
         assert any(len(a) < params["min_tokens"] for a in plain)
 
 
-def test_min_p_and_top_k_and_top_p_at_their_limits_decode_greedily(server, tiny_prompts):
+def test_temperature_min_p_top_k_and_top_p_at_their_limits_decode_greedily(server, tiny_prompts):
     prompt = tiny_prompts[0][3]
     greedy = generate(server, prompt, 1, temperature=0.0)[0].token_ids
-    for key, value in (("min_p", 1.0), ("top_k", 1), ("top_p", 1e-9)):
+    for key, value in (("temperature", 1e-4), ("min_p", 1.0), ("top_k", 1), ("top_p", 1e-9)):
         assert {tuple(o.token_ids) for o in generate(server, prompt, 4, **{key: value})} == {tuple(greedy)}, key
     sampled = {tuple(o.token_ids) for o in generate(server, prompt, 4, min_p=0.0)}
     assert len(sampled) > 1  # (without them the 4 samples differ)
