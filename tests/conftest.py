@@ -71,3 +71,25 @@ def tiny_prompts(tiny_model_dir):
     ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                    return_dict=False) for t in default_prompts(6, seed=4242)]
     return ids, (tok.eos_token_id,)
+
+
+def _vllm_logit_rules(logits, params, prompt, response) -> list[float]:
+    """vLLM's rules on one row of logits, one token at a time in plain Python, as a reference for ours: the logit bias,
+    stop tokens banned below min_tokens, the repetition penalty (prompt and response tokens), then frequency and
+    presence (response tokens). ``params``: an ``engines.sampling.SamplingParams``."""
+    x = [float(v) for v in logits]
+    for token, bias in params.logit_bias:
+        x[token] += bias
+    if len(response) < params.min_tokens:
+        for t in params.stop_token_ids:
+            x[t] = float("-inf")
+    for t in set(prompt) | set(response):
+        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
+    for t in set(response):
+        x[t] -= params.frequency_penalty * response.count(t) + params.presence_penalty
+    return x
+
+
+@pytest.fixture
+def vllm_logit_rules():
+    return _vllm_logit_rules

@@ -157,28 +157,13 @@ def test_device_sampler_draws_from_the_distribution_and_matches_the_host_rules()
 
 
 # --- penalties: vLLM's history rules, before either sampler ---------------------------------------------------------
-def _reference_penalties(logits, params, prompt, response):
-    """vLLM's rules one token at a time, in plain Python: the bias, min_tokens, repetition, frequency, presence."""
-    x = [float(v) for v in logits]
-    for token, bias in params.logit_bias:
-        x[token] += bias
-    if len(response) < params.min_tokens:
-        for t in params.stop_token_ids:
-            x[t] = -np.inf
-    for t in set(prompt) | set(response):
-        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
-    for t in set(response):
-        x[t] -= params.frequency_penalty * response.count(t) + params.presence_penalty
-    return np.array(x)
-
-
 @pytest.mark.parametrize("params", [
     SamplingParams(repetition_penalty=1.7), SamplingParams(repetition_penalty=0.6),
     SamplingParams(presence_penalty=1.5), SamplingParams(frequency_penalty=-0.5),
     SamplingParams(min_tokens=3, stop_token_ids=(0, 4)),
     SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25, logit_bias=((5, 2.0),),
                    min_tokens=2, stop_token_ids=(1,))])
-def test_penalties_follow_vllms_rules_row_by_row(params):
+def test_penalties_follow_vllms_rules_row_by_row(params, vllm_logit_rules):
     import torch
 
     from verl_infsample.engines.penalties import apply_penalties, sampler_params
@@ -190,7 +175,7 @@ def test_penalties_follow_vllms_rules_row_by_row(params):
     got = apply_penalties(logits, params, prompts, responses)
     assert got is not logits and got.dtype == torch.float32
     for b in range(4):
-        want = _reference_penalties(logits[b].numpy(), params, prompts[b].tolist(), responses[b])
+        want = vllm_logit_rules(logits[b].numpy(), params, prompts[b].tolist(), responses[b])
         np.testing.assert_allclose(got[b].numpy(), want, rtol=1e-6, atol=1e-6)
     # a row's result does not depend on the other rows (schedule invariance)
     alone = apply_penalties(logits[2:3], params, prompts[2:3], responses[2:3])

@@ -74,29 +74,27 @@ def test_requests_that_differ_in_a_parameter_are_not_one_group(server, tiny_prom
     assert (len(short.token_ids), len(long_.token_ids)) == (2, 24)
 
 
-def _reference_greedy(model, prompt, stops, cap, params):
-    """Greedy decoding by a plain full forward per token, with vLLM's rules written out by hand: the logit bias and
-    ``min_tokens`` first, then the repetition penalty (prompt and response tokens), then presence and frequency."""
+@pytest.fixture
+def reference_greedy(reference_model, vllm_logit_rules):
+    """Greedy decoding by a plain full forward per token, with vLLM's rules written out by hand (conftest)."""
     import torch
 
-    out = []
-    while len(out) < cap:
-        with torch.no_grad():
-            x = model(torch.tensor([prompt + out])).logits[0, -1].double().tolist()
-        for t, b in (params.get("logit_bias") or {}).items():
-            x[int(t)] += b
-        if len(out) < params.get("min_tokens", 0):
-            for t in stops:
-                x[t] = float("-inf")
-        rp = params.get("repetition_penalty", 1.0)
-        for t in set(prompt) | set(out):
-            x[t] = x[t] / rp if x[t] > 0 else x[t] * rp
-        for t in set(out):
-            x[t] -= params.get("frequency_penalty", 0.0) * out.count(t) + params.get("presence_penalty", 0.0)
-        out.append(max(range(len(x)), key=x.__getitem__))
-        if out[-1] in stops:
-            break
-    return out
+    from verl_infsample.engines.sampling import SamplingParams
+
+    def decode(prompt, stops, cap, params):
+        rules = SamplingParams(max_new_tokens=cap, stop_token_ids=tuple(stops), logit_bias=tuple(
+            (int(t), b) for t, b in (params.get("logit_bias") or {}).items()), **{
+            k: v for k, v in params.items() if k != "logit_bias"})
+        out = []
+        while len(out) < cap:
+            with torch.no_grad():
+                logits = reference_model(torch.tensor([prompt + out])).logits[0, -1].double().tolist()
+            x = vllm_logit_rules(logits, rules, prompt, out)
+            out.append(max(range(len(x)), key=x.__getitem__))
+            if out[-1] in stops:
+                break
+        return out
+    return decode
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +110,7 @@ HISTORY_PARAMS = [{"repetition_penalty": 1.8}, {"repetition_penalty": 0.5}, {"pr
 
 
 @pytest.mark.parametrize("params", HISTORY_PARAMS, ids=lambda p: ",".join(p))
-def test_penalties_min_tokens_and_logit_bias_decode_as_vllm_rules_say(server, tiny_prompts, reference_model, params):
+def test_penalties_min_tokens_and_logit_bias_decode_as_vllm_rules_say(server, tiny_prompts, reference_greedy, params):
     """Each history rule (and the logit bias), honoured: greedy decoding with it equals a plain reference decode with
     the rule written out by hand, and differs from greedy without it on some prompt (the rule is not dropped). Both
     kinds of request are sent at once: requests that differ in a parameter never decode as one group."""
@@ -124,8 +122,8 @@ def test_penalties_min_tokens_and_logit_bias_decode_as_vllm_rules_say(server, ti
     outs = asyncio.run(run())
     plain, ruled = [o.token_ids for o in outs[::2]], [o.token_ids for o in outs[1::2]]
     for p, a, b in zip(prompts, plain, ruled):
-        assert a == _reference_greedy(reference_model, p, server.stop_ids, 24, {})
-        assert b == _reference_greedy(reference_model, p, server.stop_ids, 24, params)
+        assert a == reference_greedy(p, server.stop_ids, 24, {})
+        assert b == reference_greedy(p, server.stop_ids, 24, params)
     assert plain != ruled
     if "min_tokens" in params:  # no stop before min_tokens
         assert all(len(b) >= params["min_tokens"] for b in ruled)
@@ -175,15 +173,15 @@ def test_what_the_engine_cannot_honour_fails_its_request_alone_by_name(server, t
 
 
 def test_the_rollout_configs_ignore_eos_and_repetition_penalty_are_the_requests_defaults(tiny_model_dir, tiny_prompts,
-                                                                                        reference_model):
+                                                                                        reference_greedy):
     """As verl's vLLM server: rollout.ignore_eos and rollout.repetition_penalty apply where a request says nothing."""
     server = _server(tiny_model_dir, overrides=["actor_rollout_ref.rollout.ignore_eos=true",
                                                 "+actor_rollout_ref.rollout.repetition_penalty=1.8"])
     prompt = tiny_prompts[0][3]  # (greedy ends at eos after 3 tokens)
     out = generate(server, prompt, 1, temperature=0.0)[0].token_ids
-    assert len(out) == 24 and out == _reference_greedy(reference_model, prompt, (), 24, {"repetition_penalty": 1.8})
+    assert len(out) == 24 and out == reference_greedy(prompt, (), 24, {"repetition_penalty": 1.8})
     said = generate(server, prompt, 1, temperature=0.0, ignore_eos=False, repetition_penalty=1.0)[0].token_ids
-    assert said == _reference_greedy(reference_model, prompt, server.stop_ids, 24, {}) != out
+    assert said == reference_greedy(prompt, server.stop_ids, 24, {}) != out
 
 
 @pytest.mark.parametrize("params, message", [({"temperature": -0.5}, "temperature must be >= 0"),

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 
 from ...engines.sampling import SamplingParams
 from ..settings import choose_dtype, config_value, settings_from_rollout
@@ -65,9 +66,10 @@ class _Request:
     future: asyncio.Future = field(repr=False)
     arrived: float = 0.0  # time.monotonic() at arrival
 
-    @property
+    @cached_property
     def rollout_key(self) -> tuple:
-        """Requests alike in these decode in one engine rollout (their sampling settings; response caps may differ)."""
+        """Requests alike in these decode in one engine rollout (their sampling settings; response caps may differ).
+        Read for every pending request after every decode step (``_joining``): computed once."""
         return tuple(getattr(self.params, f.name) for f in fields(SamplingParams) if f.name != "max_new_tokens"
                      ) + (self.seed,)
 
