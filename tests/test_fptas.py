@@ -103,3 +103,52 @@ def test_a_late_lane_gets_the_short_work():
     assert (np.sort(free) + blind).max() == 106  # its larger lane on the earlier free one: still past 105
     with pytest.raises(ValueError, match="release must be 2 non-negative times"):
         fptas_schedule(lengths, 2, 0.02, release=[1.0])
+
+
+def _random_instance(rng):
+    """Random sizes and shapes: few or many lanes, a few to many jobs per lane, ties, a fat tail, lanes that free
+    at different times."""
+    lanes = int(rng.choice([1, 2, 3, 7, 64, 256, 1024]))
+    per_lane = float(rng.choice([0.3, 1.0, 1.5, 2.0, 3.0, 5.0]))
+    n = int(rng.integers(0, max(2, int(lanes * per_lane)) + 1))
+    shape = rng.integers(3)
+    if shape == 0:  # lognormal, capped: the long tail of reasoning RL
+        lengths = np.minimum(8192, np.round(np.exp(rng.normal(6.5, rng.uniform(0.2, 1.2), n))))
+    elif shape == 1:  # many ties
+        lengths = rng.choice([1.0, 50.0, 51.0, 400.0], n)
+    else:
+        lengths = rng.uniform(0, 1000, n)
+    release = rng.integers(0, 3000, lanes).astype(float) if rng.random() < 0.4 else None
+    return np.maximum(lengths, 0.0), lanes, release
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fptas_property_valid_bounded_and_never_worse_than_lpt(seed):
+    """Over random sizes (1 to 1024 lanes, up to 5 jobs per lane), shapes and seeds: the plan never raises, is a
+    valid schedule, is no worse than LPT, and keeps the guarantee it reports."""
+    rng = np.random.default_rng(1000 + seed)
+    for _ in range(8):
+        lengths, lanes, release = _random_instance(rng)
+        eps = float(rng.choice([0.02, 0.05, 0.2]))
+        sched = fptas_schedule(lengths, lanes, eps, release=release)
+        assert len(sched.lane) == len(lengths) and (len(lengths) == 0 or 0 <= sched.lane.min() <= sched.lane.max() < lanes)
+        loads = np.bincount(sched.lane, weights=lengths, minlength=lanes) + (0 if release is None else release)
+        assert loads.max(initial=0.0) == pytest.approx(sched.makespan) or len(lengths) == 0
+        assert sched.makespan <= lpt_schedule(lengths, lanes, release).makespan + 1e-6
+        assert sched.makespan >= sched.lower_bound - 1e-6
+        # a complete search keeps the asked-for bound against the optimum; a cut-off one reports its ratio to LB
+        if sched.method == "fptas-budget":
+            assert sched.makespan <= (1 + sched.eps_guaranteed) * sched.lower_bound + 1e-6
+        else:
+            assert sched.eps_guaranteed <= eps + 1e-12
+
+
+def test_fptas_deep_search_over_many_big_jobs():
+    """1280 jobs on 256 lanes, none small and LPT not certified: the search descends one job per level, deeper than
+    any call stack holds, and still returns a bounded plan."""
+    rng = np.random.default_rng(1)
+    lengths = np.minimum(8192, np.maximum(1, np.round(np.exp(rng.normal(np.log(1500), 0.7, 1280)))))
+    sched = fptas_schedule(lengths, 256, 0.02)
+    assert sched.method.startswith("fptas")
+    assert sched.makespan <= lpt_schedule(lengths, 256).makespan
+    assert sched.eps_guaranteed < 0.05

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -122,6 +122,7 @@ def lpt_schedule(lengths, lanes: int, release=None) -> LaneSchedule:
 
 MAX_STATES = 20_000  # the search's state budget ...
 STATE_LANE_WORK = 400_000  # ... and its work in lane loads sorted: a state costs O(M log M), so M=128 gets 3125
+# (and M=8192, a plan over 8 replicas x 1024 slots, the floor of 32)
 
 
 def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int | None = None,
@@ -134,7 +135,7 @@ def fptas_schedule(lengths, lanes: int, eps: float = 0.05, max_states: int | Non
     if not 0 < eps < 1:
         raise ValueError(f"fptas_eps must be in (0, 1), got {eps}")
     if max_states is None:
-        max_states = min(MAX_STATES, max(256, STATE_LANE_WORK // max(1, lanes)))
+        max_states = min(MAX_STATES, max(32, STATE_LANE_WORK // max(1, lanes)))
     release = _release(release, lanes)
     shift = 0.0 if release is None else float(release.min())
     plan = _fptas(np.asarray(lengths, dtype=float), lanes, eps, max_states,
@@ -170,8 +171,8 @@ def _fptas(lengths: np.ndarray, lanes: int, eps: float, max_states: int, release
         base = None if release is None else [int(math.ceil(r / delta - 1e-9)) for r in release]
         assignment, complete = _rounded_dp(lengths[big], lanes, delta, 0.5 * eps * lb, max_states, base)
         lane[big] = assignment
-        loads = [float(np.sum(lengths[big][assignment == i])) + (0.0 if release is None else float(release[i]))
-                 for i in range(lanes)]
+        loads = np.bincount(assignment, weights=lengths[big], minlength=lanes)
+        loads = (loads if release is None else loads + release).tolist()
         eps_done = eps if complete else math.inf  # incomplete search: only the a-posteriori bound below holds
     small = small[np.argsort(-lengths[small], kind="stable")]
     _greedy_onto_lanes(lengths, small, loads, lane)
@@ -212,35 +213,65 @@ def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_sta
     chosen = np.zeros(n, dtype=np.int64)
     seen: set = set()
 
-    def search(j: int) -> None:
-        if best[0] <= floor_units:
-            return
+    def enter(j: int) -> _Frame | None:
+        """Visit the state (j, loads): a frame whose lanes are still to try, or None for a leaf or a pruned state."""
         if j == n:
-            best[0], best[1] = max(loads), chosen.copy()
-            return
+            if max(loads) < best[0]:
+                best[0], best[1] = max(loads), chosen.copy()
+            return None
         key = (j, tuple(sorted(loads)))
         if key in seen:
-            return
+            return None
         seen.add(key)
         if len(seen) > max_states:
             raise _StateBudgetExceeded
         if max(max(loads), -(-(sum(loads) + suffix[j]) // lanes)) + slack_units >= best[0]:
-            return
-        tried = set()
-        for i in sorted(range(lanes), key=loads.__getitem__):
-            if loads[i] in tried or loads[i] + units[j] + slack_units >= best[0]:
-                continue
-            tried.add(loads[i])
-            loads[i] += units[j]
-            chosen[j] = i
-            search(j + 1)
-            loads[i] -= units[j]
+            return None
+        return _Frame(j, sorted(range(lanes), key=loads.__getitem__))
 
+    # depth first with an explicit stack: the depth is the number of big jobs, which no call stack holds
     try:
-        search(0)
+        root = enter(0)
+        stack = [] if root is None else [root]
+        while stack and best[0] > floor_units:
+            frame = stack[-1]
+            j, u = frame.job, units[frame.job]
+            if frame.placed >= 0:  # back from a child: undo its placement
+                loads[frame.placed] -= u
+                frame.placed = -1
+            child = None
+            while child is None and frame.next < lanes:
+                i = frame.order[frame.next]
+                frame.next += 1
+                if loads[i] in frame.tried or loads[i] + u + slack_units >= best[0]:
+                    continue
+                frame.tried.add(loads[i])
+                loads[i] += u
+                chosen[j] = i
+                child = enter(j + 1)
+                if child is None:
+                    loads[i] -= u
+                else:
+                    frame.placed = i
+            if child is None:
+                stack.pop()
+            else:
+                stack.append(child)
     except _StateBudgetExceeded:
         return best[1], False
     return best[1], True
+
+
+@dataclass
+class _Frame:
+    """One state of ``_rounded_dp``'s search on its stack: the lanes in load order, the next one to try, the loads
+    already tried (equal loads give equal subtrees) and the lane holding this job while its subtree is searched."""
+
+    job: int
+    order: list[int]
+    next: int = 0
+    placed: int = -1
+    tried: set = field(default_factory=set)
 
 
 SWAP_LANES = 4  # the local search pairs the most loaded lane with this many of the least loaded
@@ -253,31 +284,50 @@ def _improve_by_swaps(units: list[int], lane: np.ndarray, lanes: int, base: list
     improves the DP's incumbent: the search's bound does not depend on it. ``base``: each lane's load before its
     jobs."""
     lane = lane.copy()
+    units = np.asarray(units, dtype=np.int64)
     loads = np.bincount(lane, weights=units, minlength=lanes).astype(np.int64) + np.asarray(base, dtype=np.int64)
+    members = [[] for _ in range(lanes)]
+    for j, i in enumerate(lane.tolist()):
+        members[i].append(j)
+    by_load = [(load, i) for i, load in enumerate(loads.tolist())]  # a min-heap with stale entries skipped
+    heapq.heapify(by_load)
     while True:
         hi = int(np.argmax(loads))
+        least: list[int] = []
+        while len(least) <= SWAP_LANES and by_load:
+            load, i = heapq.heappop(by_load)
+            if load == loads[i] and i not in least:
+                least.append(i)  # least loaded first, ties by lane
+        for i in least:
+            heapq.heappush(by_load, (int(loads[i]), i))
+        on_hi = np.asarray(sorted(members[hi]), dtype=np.int64)
         best_gain, best_move = 0, None
-        on_hi = np.flatnonzero(lane == hi)
-        for lo in np.argsort(loads, kind="stable")[:SWAP_LANES + 1].tolist():
+        for lo in least:
             if lo == hi:
                 continue
-            on_lo = np.flatnonzero(lane == lo)
-            for a in on_hi:
-                for b in [None, *on_lo]:
-                    d = units[a] - (0 if b is None else units[b])
-                    if d <= 0:
-                        continue
-                    gain = loads[hi] - max(loads[hi] - d, loads[lo] + d)
-                    if gain > best_gain:
-                        best_gain, best_move = gain, (a, b, lo, d)
+            on_lo = sorted(members[lo])
+            # rows: a job on hi; columns: a move (nothing back), then a swap with each job on lo
+            d = units[on_hi][:, None] - np.concatenate([[0], units[on_lo]])[None, :]
+            gain = np.where(d > 0, loads[hi] - np.maximum(loads[hi] - d, loads[lo] + d), 0)
+            at = int(np.argmax(gain))
+            if gain.flat[at] > best_gain:
+                a, col = divmod(at, d.shape[1])
+                best_gain = int(gain.flat[at])
+                best_move = (int(on_hi[a]), None if col == 0 else on_lo[col - 1], lo, int(d.flat[at]))
         if best_move is None:
             return lane
         a, b, lo, d = best_move
         lane[a] = lo
+        members[hi].remove(a)
+        members[lo].append(a)
         if b is not None:
             lane[b] = hi
+            members[lo].remove(b)
+            members[hi].append(b)
         loads[hi] -= d
         loads[lo] += d
+        heapq.heappush(by_load, (int(loads[hi]), hi))
+        heapq.heappush(by_load, (int(loads[lo]), lo))
 
 
 class _StateBudgetExceeded(Exception):
