@@ -3,6 +3,8 @@
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
     infsample bench-verl [--n 16 --n 64 --n 256] [--json] [--plot bench_verl.png]
+    infsample trace synth --rl --prompts 512 --group-size 16 --max-len 16384 --steps 2 --seed 0 --out rl.jsonl
+    infsample replay --trace rl.jsonl --gpu h200 --model qwen3-8b --replicas 8 [--json] [--plot running.png]
 
 Bad input (a malformed trace line, M < 1, a budget that fits no sample, an unknown policy) prints one clear error
 and exits with status 2, never a traceback.
@@ -17,7 +19,7 @@ import sys
 from .core.capacity import KVBudget, SlotPool
 from .core.policies import POLICIES
 from .bench.report import format_table, progress
-from .core.trace import DISTRIBUTIONS, TraceError, read_trace, synth_trace, write_trace
+from .core.trace import DISTRIBUTIONS, TraceError, read_trace, synth_rl_trace, synth_trace, write_trace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--group-size", type=int, required=True, help="G: responses per prompt")
     synth.add_argument("--max-len", type=int, required=True, help="response length cap (tokens)")
     synth.add_argument("--dist", choices=DISTRIBUTIONS, default="lognormal")
+    synth.add_argument("--rl", action="store_true",
+                       help="shaped like reasoning RL: per-prompt difficulty kept across --steps, spread within a "
+                            "group, a mass at the cap, lengths growing over training (--dist is ignored)")
+    synth.add_argument("--steps", type=int, default=1, help="with --rl: training steps, each revisiting every prompt")
+    synth.add_argument("--median", type=float, default=1500.0, help="with --rl: the median response length")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", required=True)
     synth.set_defaults(func=_cmd_synth)
@@ -67,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     from .models.tiny import add_make_tiny_model_parser
     from .bench.predictor import add_eval_predictor_parser
 
+    from .replay.cli import add_replay_parser
+
+    add_replay_parser(sub)
     add_make_tiny_model_parser(sub)
     add_bench_engine_parser(sub)
     add_bench_verl_parser(sub)
@@ -75,7 +85,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_synth(args) -> int:
-    prompts = synth_trace(args.prompts, args.group_size, args.max_len, args.dist, args.seed)
+    if args.rl:
+        prompts = synth_rl_trace(args.prompts, args.group_size, args.max_len, args.steps, args.seed, args.median)
+    else:
+        prompts = synth_trace(args.prompts, args.group_size, args.max_len, args.dist, args.seed)
     write_trace(prompts, args.out)
     n = sum(p.group_size for p in prompts)
     print(f"wrote {args.out}: {len(prompts)} prompts, {n} samples, {sum(sum(p.lengths) for p in prompts)} tokens",

@@ -196,3 +196,27 @@ def plot_demo(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_running_per_replica(timelines: dict[str, list[list[tuple[float, int]]]], path: str, title: str) -> None:
+    """One panel per backend: running samples of each replica over modeled seconds (the tail at a glance)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(9, 2.4 * len(timelines)), sharex=True, squeeze=False)
+    for ax, (name, replicas) in zip(axes[:, 0], timelines.items()):
+        for i, points in enumerate(replicas):
+            if points:
+                t, running = zip(*points)
+                ax.step(t, running, where="post", linewidth=0.9, label=f"replica {i}" if len(replicas) <= 8 else None)
+        ax.set_ylabel(f"{name}\nrunning")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("modeled seconds")
+    axes[0, 0].set_title(title)
+    if len(timelines) and len(next(iter(timelines.values()))) <= 8:
+        axes[0, 0].legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

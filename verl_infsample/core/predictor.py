@@ -38,6 +38,9 @@ class _Stateless:
     def observe(self, group: Group, sample: Sample, length: int) -> None:
         pass
 
+    def start_batch(self, groups) -> None:
+        pass
+
 
 class OraclePredictor(_Stateless):
     """The true length (simulators and upper-bound studies only)."""

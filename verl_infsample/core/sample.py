@@ -9,6 +9,7 @@ the last one finishes (under a KV budget: as soon as none of them runs). Memory 
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 
 
@@ -61,3 +62,8 @@ class Sample:
     def remaining_predicted(self) -> float:
         """Predicted tokens still to decode; never below one while running (it has not finished)."""
         return max(1.0, self.predicted_len - self.generated)
+
+
+def prompt_key(prompt_ids) -> str:
+    """A group's identity: a short hash of its prompt tokens (server, router and replay compute the same one)."""
+    return hashlib.blake2b(repr(tuple(int(t) for t in prompt_ids)).encode(), digest_size=8).hexdigest()

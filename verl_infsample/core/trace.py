@@ -34,6 +34,7 @@ class TracePrompt:
     logprobs: tuple[tuple[float, ...], ...] | None = None  # per sample and token, like ``tokens``
     entropies: tuple[tuple[float, ...], ...] | None = None
     stop_logprobs: tuple[tuple[float, ...], ...] | None = None
+    step: int = 0
 
     @property
     def group_size(self) -> int:
@@ -57,9 +58,10 @@ def read_trace(path: str | Path) -> list[TracePrompt]:
             raise TraceError(f"{where}: not valid JSON ({e.msg}); expected "
                              '{"prompt_id": str, "prompt_len": int, "lengths": [int, ...]}') from None
         prompts.append(_parse_prompt(obj, where))
-        if prompts[-1].prompt_id in seen:
-            raise TraceError(f"{where}: duplicate prompt_id {prompts[-1].prompt_id!r}")
-        seen.add(prompts[-1].prompt_id)
+        key = (prompts[-1].step, prompts[-1].prompt_id)
+        if key in seen:
+            raise TraceError(f"{where}: duplicate prompt_id {key[1]!r} in step {key[0]}")
+        seen.add(key)
     if not prompts:
         raise TraceError(f"{path}: the trace has no prompts")
     return prompts
@@ -82,6 +84,9 @@ def _parse_prompt(obj, where: str) -> TracePrompt:
         if not _is_int(n) or n < 1:
             raise TraceError(f"{where}: 'lengths'[{i}] must be an integer >= 1, got {n!r}")
     lengths = tuple(int(n) for n in lengths)
+    step = obj.get("step", 0)
+    if not _is_int(step) or step < 0:
+        raise TraceError(f"{where}: 'step' must be an integer >= 0, got {step!r}")
     prompt_tokens = obj.get("prompt_tokens")
     if prompt_tokens is not None:
         if (not isinstance(prompt_tokens, list) or len(prompt_tokens) != plen
@@ -103,7 +108,7 @@ def _parse_prompt(obj, where: str) -> TracePrompt:
                 raise TraceError(f"{where}: '{key}'[{i}] must be a list of lengths[{i}] ({n}) {what}")
         per_token[key] = tuple(tuple(int(t) for t in row) if is_id else
                                tuple(-math.inf if t is None else float(t) for t in row) for row in rows)
-    return TracePrompt(str(pid), int(plen), lengths, prompt_tokens, **per_token)
+    return TracePrompt(str(pid), int(plen), lengths, prompt_tokens, **per_token, step=int(step))
 
 
 def _is_int(x) -> bool:
@@ -114,6 +119,8 @@ def write_trace(prompts: list[TracePrompt], path: str | Path) -> None:
     with open(path, "w") as f:
         for p in prompts:
             obj = {"prompt_id": p.prompt_id, "prompt_len": p.prompt_len, "lengths": list(p.lengths)}
+            if p.step:
+                obj["step"] = p.step
             if p.prompt_tokens is not None:
                 obj["prompt_tokens"] = list(p.prompt_tokens)
             for key in ("tokens", "logprobs", "entropies", "stop_logprobs"):
@@ -122,6 +129,14 @@ def write_trace(prompts: list[TracePrompt], path: str | Path) -> None:
                     obj[key] = [[None if isinstance(t, float) and math.isinf(t) else t for t in row] for row in rows]
             f.write(json.dumps(obj))
             f.write("\n")
+
+
+def rollout_steps(prompts: list[TracePrompt]) -> list[list[TracePrompt]]:
+    """The trace's rollouts, one list per ``step`` in increasing order, each in the trace's line order."""
+    steps: dict[int, list[TracePrompt]] = {}
+    for p in prompts:
+        steps.setdefault(p.step, []).append(p)
+    return [steps[k] for k in sorted(steps)]
 
 
 DISTRIBUTIONS = ("lognormal", "bimodal")
@@ -149,4 +164,31 @@ def synth_trace(prompts: int, group_size: int, max_len: int, dist: str = "lognor
         lengths = np.clip(np.round(lengths), 1, max_len).astype(int)
         plen = int(rng.integers(prompt_len[0], prompt_len[1] + 1))
         out.append(TracePrompt(f"p{p}", plen, tuple(int(x) for x in lengths)))
+    return out
+
+
+def synth_rl_trace(prompts: int, group_size: int, max_len: int, steps: int = 1, seed: int = 0,
+                   median: float = 1500.0, prompt_sigma: float = 0.8, group_sigma: float = 0.6,
+                   runaway: float = 0.04, growth: float = 0.1,
+                   prompt_len: tuple[int, int] = (100, 600)) -> list[TracePrompt]:
+    """Rollout lengths shaped like reasoning RL, over ``steps`` training steps that each revisit every prompt.
+
+    A prompt's difficulty persists across steps: its median length is ``median`` x a lognormal factor (log-sd
+    ``prompt_sigma``) drawn once; its samples scatter around it (log-sd ``group_sigma``); a share ``runaway`` of
+    samples, more on hard prompts, never stop and run to the cap; everything is truncated at ``max_len`` (the mass at
+    the cap); medians grow by ``growth`` per step (responses lengthen as training goes on).
+    """
+    if min(prompts, group_size, max_len, steps) < 1:
+        raise ValueError("--prompts, --group-size, --max-len and --steps must all be >= 1")
+    rng = np.random.default_rng(seed)
+    difficulty = prompt_sigma * rng.standard_normal(prompts)
+    plens = rng.integers(prompt_len[0], prompt_len[1] + 1, prompts)
+    out = []
+    for step in range(steps):
+        for p in range(prompts):
+            centre = median * (1.0 + growth * step) * np.exp(difficulty[p])
+            lengths = centre * np.exp(group_sigma * rng.standard_normal(group_size))
+            runs_away = rng.random(group_size) < runaway * np.exp(difficulty[p])
+            lengths = np.clip(np.round(np.where(runs_away, max_len, lengths)), 1, max_len).astype(int)
+            out.append(TracePrompt(f"p{p}", int(plens[p]), tuple(int(x) for x in lengths), step=step))
     return out

@@ -43,8 +43,7 @@ import ray
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 from ...core.predictor import HistoryPredictor
-from ...core.sample import Group, Sample
-from .server import prompt_key
+from ...core.sample import Group, Sample, prompt_key
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +100,9 @@ class _GroupVisit:
 
 
 class GroupAffinityRouter(GlobalRequestLoadBalancer):
-    def __init__(self, servers: dict[str, Any], config: dict | None = None):
+    def __init__(self, servers: dict[str, Any], config: dict | None = None, *, lengths_from_servers: bool = True):
+        """``lengths_from_servers=False``: the caller reports finished lengths (``observe_lengths``) instead of the
+        router asking the servers (``infsample replay``, whose servers are not Ray actors)."""
         self.config = GroupAffinityConfig.from_yaml(config)
         super().__init__(servers, max_cache_size=self.config.max_cache_size)
         self._predicted_work: dict[str, float] = {sid: 0.0 for sid in servers}  # tokens booked, per replica
@@ -114,7 +115,7 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
         self._last_new_group = 0.0
         self._routed: dict[str, list[_Routed]] = {}  # request id -> its acquisitions in flight
         self._lengths = HistoryPredictor(max_len=1)  # no information: every request weighs the same
-        self._learns_lengths = True
+        self._learns_lengths = lengths_from_servers
         self._lengths_asked: list[ray.ObjectRef] = []  # pop_finished_lengths calls not answered yet
         self._last_ask = float("-inf")
         self.lengths_learned = 0
@@ -205,6 +206,12 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
         return {**super().get_status(), "predicted_tokens": dict(self._predicted_work),
                 "groups_in_flight": len(self._visits), "lengths_learned": self.lengths_learned}
 
+    def observe_lengths(self, lengths) -> None:
+        """(``prompt_key``, length) of finished samples: what the next groups are placed by."""
+        for key, length in lengths:
+            self._lengths.observe(Group(key, 0, 1), Sample(0, 0, 0, 0), int(length))
+        self.lengths_learned += len(lengths)
+
     # --- routing ---------------------------------------------------------------------------------------------------
     async def _wait_for_placement(self, group: str, work: float) -> None:
         """Join the new groups waiting to be placed; the first to wait places them all once the arrivals pause."""
@@ -271,9 +278,7 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
                 except Exception:  # noqa: BLE001 - a lost server must not stop routing: ask again next refresh
                     logger.warning("GroupAffinityRouter: a server did not report its lengths", exc_info=True)
                     continue
-                for key, length in lengths:
-                    self._lengths.observe(Group(key, 0, 1), Sample(0, 0, 0, 0), int(length))
-                self.lengths_learned += len(lengths)
+                self.observe_lengths(lengths)
         now = time.monotonic()
         if self._lengths_asked or not self._learns_lengths or now - self._last_ask < self.config.length_refresh_s:
             return

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
+from ...core.sample import prompt_key
 from ...engines.sampling import SamplingParams
 from ..settings import choose_dtype, config_value, settings_from_rollout
 
@@ -614,11 +615,6 @@ def build_engine(settings, rollout, model_path: str):
     sleeps = device != "cpu" and bool(config_value(rollout, "enable_sleep_mode", True))
     return TransformersEngine.from_pretrained(model_path, dtype=getattr(torch, dtype), device=device,
                                               block_size=settings.block_size, enable_sleep_mode=sleeps)
-
-
-def prompt_key(prompt_ids) -> str:
-    """A group's identity: a short hash of its prompt tokens (the server and the router compute the same one)."""
-    return hashlib.blake2b(repr(tuple(int(t) for t in prompt_ids)).encode(), digest_size=8).hexdigest()
 
 
 def _stop_token_ids(path: str) -> tuple[int, ...]:

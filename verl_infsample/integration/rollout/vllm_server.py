@@ -24,12 +24,11 @@ import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from ...core.priority import StepPriorities
-from ...core.sample import Group, Sample
 from ...predict import make_predictor
 from ..settings import settings_from_rollout, vllm_ordering
 from . import vllm_stats
-from .server import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT, prompt_key
+from .server import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
+from .vllm_order import VLLMRequestOrder
 
 vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
 
@@ -38,8 +37,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = settings_from_rollout(self.config)
-        self.priorities = StepPriorities(vllm_ordering(self.settings))
-        self.predictor = make_predictor(self.settings.predictor, max_len=int(self.config.response_length))
+        self.order = VLLMRequestOrder(vllm_ordering(self.settings),
+                                      make_predictor(self.settings.predictor, max_len=int(self.config.response_length)))
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
 
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
@@ -51,22 +50,17 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, priority: int = 0, **kwargs):
         """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal)."""
-        group = Group(prompt_key(prompt_ids), len(prompt_ids), 1)
-        sample = Sample(0, 0, 0, group.prompt_len)  # what the predictor keys on: the prompt, nothing decoded yet
-        priority = self.priorities.of(group.prompt_id, self.predictor.predict(group, sample), caller=priority)
+        priority = self.order.priority(prompt_ids, caller=priority)
         output = await super().generate(prompt_ids, sampling_params, request_id, *args, priority=priority, **kwargs)
         if output.stop_reason == "completed":
             length = len(output.token_ids)
-            self.predictor.observe(group, sample, length)
-            self._finished_lengths.append((group.prompt_id, length))
+            self._finished_lengths.append((self.order.finished(prompt_ids, length), length))
         return output
 
     async def set_global_steps(self, global_steps: int):
         """verl's weight sync, before each step's rollout: a new step, its groups counted afresh."""
         await super().set_global_steps(global_steps)
-        self.priorities.new_step()
-        if hasattr(self.predictor, "start_batch"):
-            self.predictor.start_batch(())
+        self.order.new_step()
 
     async def pop_finished_lengths(self) -> list[tuple[str, int]]:
         """(``prompt_key``, length) of each sample finished since the last call, for the group-affinity router."""

@@ -1,0 +1,159 @@
+"""How each backend hands a rollout step's requests to its vLLM replicas: which replica, in what order, at what
+priority. What each does is the real code's doing, called here, not re-told:
+
+- ``vllm``: verl 0.9.1's own vLLM rollout. verl's agent loop numbers the batch (its ``priority``, forwarded to vLLM
+  for ``rollout.name=vllm``), splits it into ``agent.num_workers`` contiguous chunks, and each worker sends its
+  chunk's requests at once, so they reach verl's router one from each worker in turn; verl's
+  ``GlobalRequestLoadBalancer`` sends each to the replica with the fewest requests in flight; vLLM runs verl's
+  default ``scheduling_policy=fcfs``.
+- ``infinite``: ``rollout.name=infinite`` on vLLM. The same agent loop and arrival order (verl forwards no priority
+  for another rollout name); our ``GroupAffinityRouter`` places each group whole, largest predicted work first;
+  each replica's server orders its requests by ``VLLMRequestOrder`` (the plan's priorities from its own predictor,
+  which learns from the samples that replica finished) under ``scheduling_policy=priority``.
+- ``oracle``: the ``infinite`` mechanism told each sample's true length (router and priorities): what it would do
+  with exact predictions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.sample import Sample, prompt_key
+from ..core.trace import TracePrompt
+from .vllm_replica import ReplayRequest, prompt_token_ids
+
+BACKENDS = ("vllm", "infinite", "oracle")
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One sample of a rollout step, as verl's agent loop sends it."""
+
+    request_id: str
+    prompt_id: str
+    prompt_tokens: tuple[int, ...]
+    batch_position: int  # its prompt's place in verl's batch: the priority verl forwards to vLLM
+    uid: int  # its place among all samples of the trace step (seeds the noisy predictor per sample)
+    length: int  # its true length (the trace's, capped at the response length)
+
+
+def step_samples(prompts: list[TracePrompt], step: int, max_response_length: int, vocab: int) -> list[StepSample]:
+    """A step's samples in verl's batch order: prompt by prompt, each prompt's n samples."""
+    out = []
+    for pos, p in enumerate(prompts):
+        tokens = prompt_token_ids(p.prompt_id, p.prompt_len, vocab)
+        for j, n in enumerate(p.lengths):
+            out.append(StepSample(f"s{step}-{p.prompt_id}-{j}", p.prompt_id, tokens, pos, len(out),
+                                  min(n, max_response_length)))
+    return out
+
+
+def agent_loop_arrivals(samples: list[StepSample], num_workers: int) -> list[StepSample]:
+    """The order verl's requests reach its router: the batch in ``num_workers`` contiguous chunks
+    (``DataProto.chunk``), every worker sending its chunk in order at once, one request from each worker in turn."""
+    chunks = [list(c) for c in np.array_split(np.arange(len(samples)), max(1, num_workers))]
+    order = []
+    for i in range(max((len(c) for c in chunks), default=0)):
+        order += [samples[c[i]] for c in chunks if i < len(c)]
+    return order
+
+
+class VerlVLLMBackend:
+    """verl's ``rollout.name=vllm`` (see the module docstring)."""
+
+    name = "vllm"
+    scheduling_policy = "fcfs"
+
+    def __init__(self, replicas: int, seed: int = 0):
+        self.replicas = replicas
+        self.seed = seed
+        self.steps = 0
+
+    def route(self, arrivals: list[StepSample]) -> list[list[ReplayRequest]]:
+        from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+        # verl's balancer breaks ties between equally loaded replicas with the global ``random``: seeded per step
+        random.seed(f"replay-{self.seed}-{self.steps}")
+        self.steps += 1
+        servers = {f"replica{i}": i for i in range(self.replicas)}
+        balancer = GlobalRequestLoadBalancer(servers)
+        out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
+        for s in arrivals:  # every request is in flight at once: none is released while the step is sent
+            _, replica = balancer.acquire_server(s.request_id)
+            out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=s.batch_position))
+        return out
+
+    def observe(self, finished: list[list[tuple[StepSample, int]]]) -> None:
+        """verl's vLLM rollout learns nothing from a step."""
+
+
+class InfiniteBackend:
+    """``rollout.name=infinite`` on vLLM, or its oracle (see the module docstring). One instance lives through every
+    step of a trace, as the servers and the router live through training."""
+
+    scheduling_policy = "priority"
+
+    def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
+                 seed: int = 0, oracle: bool = False):
+        from ..integration.rollout.vllm_order import VLLMRequestOrder
+        from ..predict import make_predictor
+
+        self.name = "oracle" if oracle else "infinite"
+        self.predictor = "oracle" if oracle else predictor
+        self.replicas = replicas
+        self.oracle = oracle
+        self.knows_truth = oracle or predictor.startswith(("oracle", "noisy"))
+        self.orders = [VLLMRequestOrder(ordering, make_predictor(self.predictor, seed=seed,
+                                                                 max_len=max_response_length))
+                       for _ in range(replicas)]
+        self.router = self._new_router()
+
+    def _new_router(self):
+        from ..integration.rollout.router import GroupAffinityRouter
+
+        logging.getLogger("verl.workers.rollout.router").setLevel(logging.WARNING)
+        return GroupAffinityRouter({f"replica{i}": i for i in range(self.replicas)}, lengths_from_servers=False)
+
+    def route(self, arrivals: list[StepSample]) -> list[list[ReplayRequest]]:
+        for order in self.orders:
+            order.new_step()  # verl's weight sync before the step
+        if self.oracle:  # the router books each group by its exact mean length this step
+            self.router = self._new_router()
+            self.router.observe_lengths([(prompt_key(s.prompt_tokens), s.length) for s in arrivals])
+        placed = asyncio.run(self._acquire_all(arrivals))
+        out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
+        for s, replica in zip(arrivals, placed):
+            sample = Sample(s.uid, s.uid, 0, len(s.prompt_tokens), true_len=s.length) if self.knows_truth else None
+            priority = self.orders[replica].priority(s.prompt_tokens, sample=sample)
+            out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=priority))
+        return out
+
+    async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
+        """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst
+        of new groups, then places them largest first)."""
+        tasks = [asyncio.ensure_future(self.router.acquire_server(s.request_id, prompt_ids=list(s.prompt_tokens)))
+                 for s in arrivals]
+        return [replica for _, replica in await asyncio.gather(*tasks)]
+
+    def observe(self, finished: list[list[tuple[StepSample, int]]]) -> None:
+        """Each replica's finished samples, in the order they finished: its server's predictor learns them, the
+        router hears of them, and each request's slot in the router is released."""
+        for replica, done in enumerate(finished):
+            lengths = []
+            for s, length in done:
+                lengths.append((self.orders[replica].finished(s.prompt_tokens, length), length))
+                self.router.release_server(f"replica{replica}", s.request_id)
+            self.router.observe_lengths(lengths)
+
+
+def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0):
+    if name == "vllm":
+        return VerlVLLMBackend(replicas, seed)
+    if name in ("infinite", "oracle"):
+        return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle")
+    raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

@@ -1,0 +1,187 @@
+"""What a GPU step costs: datasheet GPUs, published model shapes, and a per-step cost model with its knobs in one
+place.
+
+A decode step on a memory-bound GPU reads the weights once and every scheduled row's KV; a prefill chunk is
+compute-bound. :class:`StepCostModel` charges each step the larger of its FLOPs over the GPU's dense bf16 peak and
+its bytes over the HBM bandwidth, each derated by an efficiency, plus a fixed per-step overhead (scheduling,
+sampling, kernel launches). The efficiencies and the overhead are a :class:`Calibration`: modeled defaults, printed
+with every result, replaceable from a JSON file (``--calibration``) once a GPU run has measured them. Seconds from
+this model are always labelled modeled; steps, tokens and preemptions come from vLLM's own scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet figures of one GPU (SXM parts): memory, HBM bandwidth, dense bf16 tensor FLOP/s (no sparsity)."""
+
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float
+    source: str
+
+
+GPUS = {
+    "h100": GPU("h100", 80e9, 3.35e12, 989e12, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense"),
+    "h200": GPU("h200", 141e9, 4.8e12, 989e12, "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense"),
+    "a100": GPU("a100", 80e9, 2.039e12, 312e12,
+                "NVIDIA A100 80GB SXM datasheet: 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's shape as its Hugging Face ``config.json`` publishes it (bf16 weights and KV)."""
+
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    max_position_embeddings: int
+    dtype_bytes: int = 2
+
+    @property
+    def layer_params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o and k, v projections
+        return attn + 3 * self.hidden * self.intermediate  # gate, up, down
+
+    @property
+    def params(self) -> int:
+        """Every weight: the layers, the embedding and (untied) the LM head."""
+        embed = self.vocab * self.hidden
+        return self.layers * self.layer_params + embed * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weights_read_per_step(self) -> int:
+        """Bytes a forward pass reads: every weight but the embedding table (a lookup), the LM head included."""
+        return (self.layers * self.layer_params + self.vocab * self.hidden) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def hf_config(self) -> dict:
+        """A ``config.json`` vLLM reads to build its model config (no weights are ever loaded)."""
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": self.hidden,
+                "intermediate_size": self.intermediate, "num_hidden_layers": self.layers,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
+                "max_position_embeddings": self.max_position_embeddings, "vocab_size": self.vocab,
+                "tie_word_embeddings": self.tied_embeddings, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+                "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
+                "bos_token_id": 151643, "eos_token_id": 151645}
+
+
+# Qwen/Qwen3-*/config.json on the Hugging Face hub
+MODELS = {
+    "qwen3-1.7b": ModelShape("qwen3-1.7b", 28, 2048, 6144, 16, 8, 128, 151936, True, 40960),
+    "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 12288, 32, 8, 128, 151936, False, 40960),
+    "qwen3-32b": ModelShape("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936, False, 40960),
+}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The cost model's free parameters: modeled, not measured, until a GPU run fits them (``--calibration``)."""
+
+    flop_efficiency: float = 0.6  # share of the dense bf16 peak that GEMMs and attention reach
+    bandwidth_efficiency: float = 0.8  # share of the HBM bandwidth that weight and KV reads reach
+    step_overhead_s: float = 0.003  # per step: scheduling, sampling, launches, TP all-reduces
+    activation_bytes_per_batched_token: float = 0.0  # 0: estimated from the model shape (see ``kv_pool_blocks``)
+    reserved_bytes: float = 2 * GIB  # CUDA context, graphs and allocator slack vLLM does not give to KV
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Calibration":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--calibration {path}: cannot read it as JSON ({e})") from None
+        known = {f.name for f in fields(cls)}
+        if not isinstance(raw, dict) or set(raw) - known:
+            bad = sorted(set(raw) - known) if isinstance(raw, dict) else [type(raw).__name__]
+            raise ValueError(f"--calibration {path}: unknown key(s) {bad}; known: {', '.join(sorted(known))}")
+        c = cls(**raw)
+        for f in fields(cls):
+            v = getattr(c, f.name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
+                raise ValueError(f"--calibration {path}: {f.name}={v!r} must be a finite number >= 0")
+        if not 0 < c.flop_efficiency <= 1 or not 0 < c.bandwidth_efficiency <= 1:
+            raise ValueError(f"--calibration {path}: efficiencies must be in (0, 1]")
+        return c
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Seconds of one engine step of ``model`` on ``tp`` GPUs of ``gpu`` (modeled)."""
+
+    gpu: GPU
+    model: ModelShape
+    tp: int = 1
+    calibration: Calibration = Calibration()
+
+    def seconds(self, new_tokens: np.ndarray, contexts: np.ndarray, sampling_rows: int) -> float:
+        """A step that computes ``new_tokens[i]`` tokens of row i on top of ``contexts[i]`` cached ones;
+        ``sampling_rows`` rows produce a token (their LM head runs)."""
+        m, c = self.model, self.calibration
+        t = float(np.sum(new_tokens))
+        # attention: each new token attends to its context and the new tokens before it
+        attended = float(np.sum(new_tokens * contexts + new_tokens * (new_tokens + 1) / 2))
+        flops = (2 * m.layers * m.layer_params * t + 2 * m.vocab * m.hidden * sampling_rows
+                 + 4 * m.layers * m.heads * m.head_dim * attended)
+        kv_read = float(np.sum(contexts + new_tokens)) * m.kv_bytes_per_token
+        bytes_ = m.weights_read_per_step + kv_read + t * m.kv_bytes_per_token
+        return (max(flops / (self.gpu.bf16_flops * c.flop_efficiency),
+                    bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
+                + c.step_overhead_s)
+
+    def decode_run_seconds(self, contexts: np.ndarray, steps: int) -> float:
+        """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``:
+        the sum of :meth:`seconds` over them, in closed form per step."""
+        if steps <= 0:
+            return 0.0
+        m, c = self.model, self.calibration
+        rows = len(contexts)
+        j = np.arange(steps, dtype=float)
+        base = float(np.sum(contexts))
+        attended = base + rows * j + rows  # each row: context + j, plus itself
+        flops = (2 * m.layers * m.layer_params + 2 * m.vocab * m.hidden) * rows \
+            + 4 * m.layers * m.heads * m.head_dim * attended
+        bytes_ = m.weights_read_per_step + (base + rows * j + rows) * m.kv_bytes_per_token \
+            + rows * m.kv_bytes_per_token
+        per_step = np.maximum(flops / (self.gpu.bf16_flops * c.flop_efficiency),
+                              bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
+        return float(np.sum(per_step)) + steps * c.step_overhead_s
+
+    def kv_pool_blocks(self, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
+                       max_num_seqs: int) -> int:
+        """The KV blocks vLLM would give one replica: ``gpu_memory_utilization`` of each GPU's memory less the
+        weights' shard, the profiled activation peak (``max_num_batched_tokens`` tokens through the widest layer,
+        the sampler's logits for ``max_num_seqs`` rows) and a reserve, split into blocks of the KV shard."""
+        m, c = self.model, self.calibration
+        per_token = c.activation_bytes_per_batched_token or (4 * m.hidden + 2 * m.intermediate) * m.dtype_bytes
+        activations = max_num_batched_tokens * per_token + 2 * max_num_seqs * m.vocab * 4
+        free = (self.gpu.memory_bytes * gpu_memory_utilization - m.params * m.dtype_bytes / self.tp
+                - activations - c.reserved_bytes)
+        return max(0, int(free // (block_size * m.kv_bytes_per_token / self.tp)))
+
+    def describe(self) -> dict:
+        return {"gpu": self.gpu.name, "model": self.model.name, "tp": self.tp, "gpu_source": self.gpu.source,
+                "calibration": self.calibration.as_dict(), "seconds": "modeled"}

@@ -1,0 +1,209 @@
+"""``infsample replay``: every backend on one trace, step by step, each replica through vLLM's own scheduler.
+
+For each rollout step of the trace, each backend routes and orders the step's requests (``backends``), every
+replica replays its share (``vllm_replica``; the replicas run in parallel over ``workers`` processes, as the
+replicas of a real rollout run side by side), and the backend hears what finished before the next step. A step's
+rollout ends with its slowest replica: ``engine_steps`` and ``model_s`` are that replica's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+from dataclasses import asdict, dataclass, field
+
+from ..core.trace import TracePrompt, rollout_steps
+from .backends import BACKENDS, StepSample, agent_loop_arrivals, make_backend, step_samples
+from .hardware import GPUS, MODELS, Calibration, StepCostModel
+from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What is replayed on what: verl's rollout config and the hardware (the CLI's flags)."""
+
+    gpu: str = "h200"
+    model: str = "qwen3-8b"
+    tp: int = 1
+    replicas: int = 1
+    gpu_memory_utilization: float = 0.5  # verl's rollout default
+    num_blocks: int | None = None  # the KV pool per replica; None: sized as vLLM sizes it
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    max_response_length: int | None = None  # None: the trace's longest sample
+    agent_workers: int = 8  # verl's rollout.agent.num_workers
+    backends: tuple[str, ...] = BACKENDS
+    predictor: str = "history"
+    seed: int = 0
+    calibration: Calibration = field(default_factory=Calibration)
+    workers: int = 2  # processes replaying replicas side by side
+    keep_timeline: bool = False
+
+    def check(self) -> None:
+        def bad(key, why):
+            raise ValueError(f"--{key.replace('_', '-')}: {why}")
+
+        if self.gpu not in GPUS:
+            bad("gpu", f"unknown {self.gpu!r}; choose from {', '.join(GPUS)}")
+        if self.model not in MODELS:
+            bad("model", f"unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        for key in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "agent_workers",
+                    "workers"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            bad("max_num_batched_tokens", f"must be >= --max-num-seqs ({self.max_num_seqs}), as vLLM requires")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            bad("num_blocks", f"must be >= 2 (block 0 is vLLM's null block), got {self.num_blocks}")
+        if self.max_response_length is not None and self.max_response_length < 1:
+            bad("max_response_length", f"must be >= 1, got {self.max_response_length}")
+        if MODELS[self.model].kv_heads % self.tp and self.tp % MODELS[self.model].kv_heads:
+            bad("tp", f"{self.tp} does not divide {self.model}'s {MODELS[self.model].kv_heads} KV heads")
+        for b in self.backends:
+            if b not in BACKENDS:
+                bad("backend", f"unknown {b!r}; choose from {', '.join(BACKENDS)}")
+        if not self.backends:
+            bad("backend", "name at least one")
+
+    @property
+    def cost(self) -> StepCostModel:
+        return StepCostModel(GPUS[self.gpu], MODELS[self.model], self.tp, self.calibration)
+
+    def pool_blocks(self) -> int:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.cost.kv_pool_blocks(self.gpu_memory_utilization, self.block_size, self.max_num_batched_tokens,
+                                        self.max_num_seqs)
+
+
+@dataclass
+class StepRow:
+    """One backend's rollout of one trace step (the ``--json`` object)."""
+
+    backend: str
+    predictor: str
+    step: int
+    samples: int
+    engine_steps: int  # the slowest replica's
+    lower_bound_steps: int  # max(longest sample, generated tokens / (replicas x max_num_seqs))
+    model_s: float  # modeled seconds of the slowest replica
+    preemptions: int
+    recomputed_tokens: int
+    computed_tokens: int
+    prefix_hit_tokens: int
+    peak_kv_blocks: int  # the fullest replica's
+    kv_blocks: int  # per replica
+    mean_running: float  # rows per engine step, over replicas
+    replica_steps: list[int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _replay_replica(job) -> tuple[int, int, ReplicaResult]:
+    """A worker process's job: one replica of one backend (its index and replica index travel with it)."""
+    key, replica, config, policy, requests = job
+    model = MODELS[config.model]
+    setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
+                         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                         max_model_len=_max_model_len(requests), scheduling_policy=policy)
+    replay = ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
+                           keep_timeline=config.keep_timeline)
+    return key, replica, replay.run(requests)
+
+
+@contextlib.contextmanager
+def _replica_pool(processes: int):
+    """Worker processes with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
+    (which blocks are freed first, so which cached blocks are evicted first), and a process's string hashes decide
+    that order. With the seed fixed, a replay gives the same figures every time."""
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = REPLAY_HASH_SEED
+    try:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            yield pool
+    finally:
+        if saved is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = saved
+
+
+REPLAY_HASH_SEED = "0"
+
+
+def _max_model_len(requests: list[ReplayRequest]) -> int:
+    return max((len(r.prompt_tokens) + r.length for r in requests), default=16)
+
+
+def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
+    """Replay ``trace`` on every backend of ``config``. Returns (rows, timelines): one :class:`StepRow` per backend
+    and step, and per backend the (modeled seconds, running rows) points of each replica of the last step."""
+    config.check()
+    cap = config.max_response_length or max(n for p in trace for n in p.lengths)
+    model = MODELS[config.model]
+    _check_pool(trace, config, cap)
+    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed) for b in config.backends]
+    rows, timelines = [], {}
+    with _replica_pool(min(config.workers, config.replicas * len(backends))) as pool:
+        for step_index, prompts in enumerate(rollout_steps(trace)):
+            samples = step_samples(prompts, step_index, cap, model.vocab)
+            arrivals = agent_loop_arrivals(samples, config.agent_workers)
+            routed = [b.route(arrivals) for b in backends]
+            jobs = [(k, r, config, b.scheduling_policy, reqs) for k, (b, per_replica) in enumerate(zip(backends, routed))
+                    for r, reqs in enumerate(per_replica) if reqs]
+            jobs.sort(key=lambda j: -sum(q.length for q in j[4]))  # the longest first, so both workers end together
+            results: dict[tuple[int, int], ReplicaResult] = {}
+            for key, replica, res in pool.imap_unordered(_replay_replica, jobs):
+                results[(key, replica)] = res
+                if progress is not None:
+                    progress(1)
+            by_id = {s.request_id: s for s in samples}
+            for k, b in enumerate(backends):
+                per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
+                b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
+                rows.append(_row(b, config, prompts, samples, per_replica, step_index))
+                timelines[b.name] = [res.timeline for res in per_replica]
+    return rows, timelines
+
+
+def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_replica: list[ReplicaResult],
+         step_index: int) -> StepRow:
+    generated = sum(s.length for s in samples)
+    busy = [r for r in per_replica if r.engine_steps]
+    return StepRow(
+        backend=backend.name, predictor=backend.predictor if backend.name != "vllm" else "-",
+        step=prompts[0].step, samples=len(samples),
+        engine_steps=max(r.engine_steps for r in per_replica),
+        lower_bound_steps=max(max(s.length for s in samples),
+                              math.ceil(generated / (config.replicas * config.max_num_seqs))),
+        model_s=round(max(r.model_s for r in per_replica), 3),
+        preemptions=sum(r.preemptions for r in per_replica),
+        recomputed_tokens=sum(r.recomputed_tokens for r in per_replica),
+        computed_tokens=sum(r.computed_tokens for r in per_replica),
+        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in per_replica),
+        peak_kv_blocks=max(r.peak_kv_blocks for r in per_replica), kv_blocks=config.pool_blocks(),
+        mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
+        replica_steps=[r.engine_steps for r in per_replica])
+
+
+def _check_pool(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:
+    """A sample that can never fit a replica's pool would be preempted forever: refuse the run, naming it."""
+    blocks = config.pool_blocks()
+    if blocks < 2:
+        raise ReplayError(f"--gpu-memory-utilization {config.gpu_memory_utilization} leaves no KV pool for "
+                          f"{config.model} on {config.gpu} with --tp {config.tp}: raise it, or --tp, or set "
+                          "--num-blocks")
+    worst = max(trace, key=lambda p: p.prompt_len + min(max(p.lengths), cap))
+    need = -(-(worst.prompt_len + min(max(worst.lengths), cap)) // config.block_size)
+    if need > blocks - 1:
+        raise ReplayError(
+            f"prompt {worst.prompt_id!r} (step {worst.step}): {worst.prompt_len} prompt + "
+            f"{min(max(worst.lengths), cap)} response tokens need {need} KV blocks of {config.block_size}, but a "
+            f"replica's pool has {blocks - 1}: raise --num-blocks or --gpu-memory-utilization, or lower "
+            "--max-response-length")
