@@ -119,19 +119,21 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult]:
 
 @contextlib.contextmanager
 def _replica_pool(processes: int):
-    """Worker processes with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
+    """Worker processes (vLLM's logging at warnings) with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
     (which blocks are freed first, so which cached blocks are evicted first), and a process's string hashes decide
     that order. With the seed fixed, a replay gives the same figures every time."""
-    saved = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = REPLAY_HASH_SEED
+    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # what the spawned workers start with
     try:
         with multiprocessing.get_context("spawn").Pool(processes) as pool:
             yield pool
     finally:
-        if saved is None:
-            del os.environ["PYTHONHASHSEED"]
-        else:
-            os.environ["PYTHONHASHSEED"] = saved
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 REPLAY_HASH_SEED = "0"

@@ -206,8 +206,10 @@ class ReplicaReplay:
                     res.finished.append((o.request_id, self._lengths[o.request_id][1]))
                     finished += 1
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
-        # the head of the waiting queue did not fit, and until something finishes or is preempted it cannot
-        self._admission_blocked = waited and not admitted and not out.preempted_req_ids and not finished
+        # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
+        # end would change what vLLM admits), and until something finishes or is preempted it will be again
+        self._admission_blocked = (waited and not admitted and not out.preempted_req_ids and not finished
+                                   and all(sampled) and bool(np.all(new == 1)))
         return finished
 
     def _token(self, rid: str, position: int) -> int:

