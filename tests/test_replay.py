@@ -200,3 +200,29 @@ def test_event_to_event_equals_step_by_step_on_random_settings():
                 for ff in (False, True))
         assert (a.engine_steps, a.preemptions, a.computed_tokens, a.peak_kv_blocks, a.finished) == \
             (b.engine_steps, b.preemptions, b.computed_tokens, b.peak_kv_blocks, b.finished), (trial, setup)
+
+
+def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
+    """verl's own dump writer (the V1 trainer's ``_write_generations``) makes the files; ``trace from-verl`` groups
+    them by prompt and step, in tokens of the run's tokenizer, steps renumbered from 0."""
+    from transformers import AutoTokenizer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts, outputs = ["add 1 and 2", "add 3 and 4"], [["3", "it is 3 3 3"], ["7 7", "7"]]
+    for step in (1, 2):
+        inputs = [p for p in prompts for _ in range(2)]
+        outs = [o for group in outputs for o in group]
+        PPOTrainer._write_generations(inputs, outs, [None] * 4, [0.0] * 4, {"uid": list(range(4))},
+                                      str(tmp_path / "dump"), step)
+    out = tmp_path / "t.jsonl"
+    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert [p.step for p in trace] == [0, 0, 1, 1]
+    assert trace[0].prompt_id == trace[2].prompt_id != trace[1].prompt_id  # a prompt keeps its id across steps
+    first = trace[0]
+    assert first.lengths == tuple(len(tok(o, add_special_tokens=False)["input_ids"]) for o in outputs[0])
+    assert first.prompt_len == len(tok(prompts[0], add_special_tokens=False)["input_ids"])
+    (tmp_path / "dump" / "3.jsonl").write_text('{"input": 1}\n')
+    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
+    assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2

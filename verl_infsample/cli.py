@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True)
     synth.set_defaults(func=_cmd_synth)
 
+    from_verl = trace.add_parser("from-verl", help="a trace from verl's rollout dumps (trainer.rollout_data_dir)")
+    from_verl.add_argument("dump_dir", help="the folder verl wrote {step}.jsonl files into")
+    from_verl.add_argument("--tokenizer", required=True, help="the run's model or tokenizer folder (lengths in tokens)")
+    from_verl.add_argument("--out", required=True)
+    from_verl.set_defaults(func=_cmd_from_verl)
+
     sim = sub.add_parser("simulate", help="replay a trace through the scheduler policies, counting decode steps")
     sim.add_argument("--trace", required=True)
     cap = sim.add_mutually_exclusive_group(required=True)
@@ -93,6 +99,16 @@ def _cmd_synth(args) -> int:
     n = sum(p.group_size for p in prompts)
     print(f"wrote {args.out}: {len(prompts)} prompts, {n} samples, {sum(sum(p.lengths) for p in prompts)} tokens",
           file=sys.stderr)
+    return 0
+
+
+def _cmd_from_verl(args) -> int:
+    from .replay.from_verl import trace_from_verl
+
+    prompts = trace_from_verl(args.dump_dir, args.tokenizer)
+    write_trace(prompts, args.out)
+    print(f"wrote {args.out}: {len({p.step for p in prompts})} steps, {len(prompts)} groups, "
+          f"{sum(p.group_size for p in prompts)} samples", file=sys.stderr)
     return 0
 
 

@@ -43,20 +43,8 @@ class TracePrompt:
 
 def read_trace(path: str | Path) -> list[TracePrompt]:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
     prompts, seen = [], set()
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{where}: not valid JSON ({e.msg}); expected "
-                             '{"prompt_id": str, "prompt_len": int, "lengths": [int, ...]}') from None
+    for where, obj in json_lines(path, '{"prompt_id": str, "prompt_len": int, "lengths": [int, ...]}'):
         prompts.append(_parse_prompt(obj, where))
         key = (prompts[-1].step, prompts[-1].prompt_id)
         if key in seen:
@@ -65,6 +53,23 @@ def read_trace(path: str | Path) -> list[TracePrompt]:
     if not prompts:
         raise TraceError(f"{path}: the trace has no prompts")
     return prompts
+
+
+def json_lines(path: Path, expected: str):
+    """(``file:line``, parsed object) for each non-blank line of a JSON Lines file; a line that is not JSON raises
+    a ``TraceError`` naming the file, the line and what was ``expected``."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not valid JSON ({e.msg}); expected {expected}") from None
 
 
 def _parse_prompt(obj, where: str) -> TracePrompt:

@@ -1,0 +1,74 @@
+"""The README's replay table: ``infsample replay`` over a grid of settings on one GPU and model preset.
+
+Each cell is one run of the replay on a trace from ``infsample trace synth --rl`` with two steps (step 0: the
+prompts' first visit; step 1: their revisit, the predictors having seen step 0), every backend. Steps, tokens and
+preemptions are vLLM's scheduler's (exact); seconds are the cost model's (modeled).
+
+    python scripts/replay_table.py [--replicas 1,8] [--n 16,64] [--caps 4096,16384] [--pools ample,tight]
+        [--samples-per-replica 1024] [--seed 101] [--json]
+
+``--pools``: ample = ``--gpu-memory-utilization 0.9``, tight = 0.5 (verl's default). Prompts per step are chosen so
+each replica gets ``--samples-per-replica`` samples (a queue of that over ``max_num_seqs`` = 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from verl_infsample.bench.report import format_table, progress
+from verl_infsample.core.trace import synth_rl_trace
+from verl_infsample.replay.runner import ReplayConfig, replay
+
+POOLS = {"ample": 0.9, "tight": 0.5}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--model", default="qwen3-8b")
+    p.add_argument("--replicas", default="1,8")
+    p.add_argument("--n", default="16,64")
+    p.add_argument("--caps", default="4096,16384")
+    p.add_argument("--pools", default="ample,tight")
+    p.add_argument("--samples-per-replica", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--predictor", default="history")
+    p.add_argument("--seed", type=int, default=101)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    grid = [(int(r), int(n), int(c), pool) for r in args.replicas.split(",") for n in args.n.split(",")
+            for c in args.caps.split(",") for pool in args.pools.split(",")]
+    rows = []
+    for replicas, n, cap, pool in progress(grid, "replay grid"):
+        prompts = max(1, replicas * args.samples_per_replica // n)
+        trace = synth_rl_trace(prompts, n, cap, steps=2, seed=args.seed)
+        config = ReplayConfig(gpu=args.gpu, model=args.model, replicas=replicas,
+                              gpu_memory_utilization=POOLS[pool], max_num_seqs=args.max_num_seqs,
+                              predictor=args.predictor, seed=args.seed)
+        t = time.perf_counter()
+        out, _ = replay(trace, config)
+        wall = time.perf_counter() - t
+        base = {r.step: r for r in out if r.backend == "vllm"}
+        for r in out:
+            v = base[r.step]
+            rows.append({"replicas": replicas, "n": n, "prompts": prompts, "cap": cap, "pool": pool,
+                         "kv_blocks": r.kv_blocks, "visit": "first" if r.step == 0 else "revisit",
+                         "backend": r.backend, "engine_steps": r.engine_steps,
+                         "lower_bound_steps": r.lower_bound_steps, "steps_vs_vllm": round(r.engine_steps /
+                                                                                           v.engine_steps, 3),
+                         "model_s": r.model_s, "time_vs_vllm": round(r.model_s / v.model_s, 3),
+                         "preemptions": r.preemptions, "recomputed_tokens": r.recomputed_tokens,
+                         "mean_running": r.mean_running, "replay_wall_s": round(wall, 1)})
+        print(json.dumps(rows[-len(out):]), file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, list(rows[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
