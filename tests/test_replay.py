@@ -114,6 +114,26 @@ def test_the_cost_model_sums_its_steps_and_sizes_the_pool_as_vllm():
     assert StepCostModel(GPUS["h100"], MODELS["qwen3-32b"]).kv_pool_blocks(0.3, 16, 8192, 256) == 0
 
 
+def test_the_transformers_engine_reads_a_groups_prompt_once_and_answers_every_sample():
+    """The transformers backend: the core scheduler per replica under the replica's pool, a step reading each
+    group's prompt KV once (cheaper than every row reading its own copy), every sample answered."""
+    from verl_infsample.predict import make_predictor
+    from verl_infsample.replay.transformers_engine import simulate_replica
+
+    cost = StepCostModel(GPUS["h200"], QWEN8)
+    contexts = np.full(64, 3000.0)
+    assert cost.decode_run_seconds(contexts, 10, kv_tokens_read=3000.0) < cost.decode_run_seconds(contexts, 10)
+    requests = _requests(3, 16, 800, 4)
+    runs = []
+    for blocks, seqs in ((5000, 64), (150, 16)):
+        res = simulate_replica(requests, make_predictor("history", max_len=800), cost, blocks, 16, seqs, 800, 2048)
+        assert sorted(res.finished) == sorted((r.request_id, r.length) for r in requests)
+        assert res.engine_steps >= max(r.length for r in requests) and res.model_s > 0
+        assert res.peak_kv_blocks <= blocks - 1
+        runs.append(res)
+    assert runs[0].preemptions == 0 and runs[1].engine_steps > runs[0].engine_steps  # the small pool binds
+
+
 def test_calibration_file_errors_name_the_key(tmp_path):
     good = tmp_path / "c.json"
     good.write_text(json.dumps({"step_overhead_s": 0.001, "flop_efficiency": 0.5}))
@@ -173,7 +193,7 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
     assert cli([*args, "--plot", str(tmp_path / "p.png")]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(r["backend"], r["step"]) for r in rows] == [(b, s) for s in (0, 1) for b in ("vllm", "infinite",
-                                                                                           "oracle")]
+                                                                                           "oracle", "transformers")]
     for r in rows:
         for key in ("predictor", "engine_steps", "lower_bound_steps", "model_s", "preemptions", "recomputed_tokens",
                     "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):

@@ -131,8 +131,10 @@ class SimulationResult:
 
 def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predictor: str | LengthPredictor = "none",
              *, max_len: int | None = None, seed: int = 0, fptas_eps: float = 0.02, prefill_chunk: int = 2048,
-             return_scheduler: bool = False, on_step: Callable[[Scheduler], None] | None = None):
+             return_scheduler: bool = False, on_step: Callable[[Scheduler], None] | None = None,
+             engine: SimulatedEngine | None = None):
     """Run one policy over a trace on the simulator; returns a ``SimulationResult`` (and the scheduler if asked).
+    ``engine``: a ``SimulatedEngine`` that also accounts for what its steps cost (``infsample replay``).
 
     A predictor that reads tokens (``learned``) gets the trace's prompt and generated tokens (``ReplayEngine``)
     when the trace has them."""
@@ -149,7 +151,10 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
                             prompt_tokens=[p.prompt_tokens for p in trace],
                             first_tokens=replay.first_tokens if replay else None)
     pol, pred = sched.policy, sched.predictor
-    engine = replay if replay is not None and sched.refines_predictions else SimulatedEngine(prefill_chunk)
+    if replay is not None and sched.refines_predictions:
+        engine = replay
+    elif engine is None:
+        engine = SimulatedEngine(prefill_chunk)
     run_rollout(engine, sched, on_step=on_step)
     st: SchedulerStats = sched.stats
     bound = _lower_bound_steps(trace, capacity, pol)

@@ -12,6 +12,10 @@ priority. What each does is the real code's doing, called here, not re-told:
   which learns from the samples that replica finished) under ``scheduling_policy=priority``.
 - ``oracle``: the ``infinite`` mechanism told each sample's true length (router and priorities): what it would do
   with exact predictions.
+- ``transformers``: ``custom.engine=transformers``, our own engine (``transformers_engine``): ``infinite``'s router,
+  then the core scheduler on each replica under the same KV pool and cost model.
+
+``engine`` says where a backend's replicas run: ``vllm`` (vLLM's scheduler) or ``transformers`` (the core's).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ..core.sample import Sample, prompt_key
 from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
-BACKENDS = ("vllm", "infinite", "oracle")
+BACKENDS = ("vllm", "infinite", "oracle", "transformers")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class VerlVLLMBackend:
     """verl's ``rollout.name=vllm`` (see the module docstring)."""
 
     name = "vllm"
+    engine = "vllm"
     scheduling_policy = "fcfs"
 
     def __init__(self, replicas: int, seed: int = 0):
@@ -96,6 +101,7 @@ class InfiniteBackend:
     """``rollout.name=infinite`` on vLLM, or its oracle (see the module docstring). One instance lives through every
     step of a trace, as the servers and the router live through training."""
 
+    engine = "vllm"
     scheduling_policy = "priority"
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
@@ -151,9 +157,31 @@ class InfiniteBackend:
             self.router.observe_lengths(lengths)
 
 
+class TransformersBackend(InfiniteBackend):
+    """``custom.engine=transformers`` (see the module docstring): the router's placement, each replica's server
+    predictor kept through the trace and handed to the core scheduler, which learns as samples finish."""
+
+    engine = "transformers"
+    scheduling_policy = "-"
+
+    def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0):
+        super().__init__(replicas, predictor, max_response_length, seed=seed)
+        self.name = "transformers"
+        self.predictors = [order.predictor for order in self.orders]
+
+    def observe(self, finished: list[list[tuple[StepSample, int]]]) -> None:
+        """The core scheduler's predictor learned each length as it finished; the router hears of them."""
+        for replica, done in enumerate(finished):
+            for s, _ in done:
+                self.router.release_server(f"replica{replica}", s.request_id)
+            self.router.observe_lengths([(prompt_key(s.prompt_tokens), length) for s, length in done])
+
+
 def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
     if name in ("infinite", "oracle"):
         return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle")
+    if name == "transformers":
+        return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

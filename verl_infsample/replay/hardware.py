@@ -152,19 +152,22 @@ class StepCostModel:
                     bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
                 + c.step_overhead_s)
 
-    def decode_run_seconds(self, contexts: np.ndarray, steps: int) -> float:
+    def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None) -> float:
         """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``:
-        the sum of :meth:`seconds` over them, in closed form per step."""
+        the sum of :meth:`seconds` over them, in closed form per step. ``kv_tokens_read``: the KV tokens the first
+        of them reads, where rows share some (an engine that reads a group's prompt once for all its samples);
+        default: every row its own context."""
         if steps <= 0:
             return 0.0
         m, c = self.model, self.calibration
         rows = len(contexts)
         j = np.arange(steps, dtype=float)
         base = float(np.sum(contexts))
+        read = base if kv_tokens_read is None else float(kv_tokens_read)
         attended = base + rows * j + rows  # each row: context + j, plus itself
         flops = (2 * m.layers * m.layer_params + 2 * m.vocab * m.hidden) * rows \
             + 4 * m.layers * m.heads * m.head_dim * attended
-        bytes_ = m.weights_read_per_step + (base + rows * j + rows) * m.kv_bytes_per_token \
+        bytes_ = m.weights_read_per_step + (read + rows * j + rows) * m.kv_bytes_per_token \
             + rows * m.kv_bytes_per_token
         per_step = np.maximum(flops / (self.gpu.bf16_flops * c.flop_efficiency),
                               bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp

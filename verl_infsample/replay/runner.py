@@ -139,6 +139,14 @@ def _replica_pool(processes: int):
 REPLAY_HASH_SEED = "0"
 
 
+def _simulate_replica(backend, replica: int, config: ReplayConfig, requests: list[ReplayRequest],
+                      cap: int) -> ReplicaResult:
+    from .transformers_engine import simulate_replica
+
+    return simulate_replica(requests, backend.predictors[replica], config.cost, config.pool_blocks(),
+                            config.block_size, config.max_num_seqs, cap, config.max_num_batched_tokens)
+
+
 def _max_model_len(requests: list[ReplayRequest]) -> int:
     return max((len(r.prompt_tokens) + r.length for r in requests), default=16)
 
@@ -159,9 +167,16 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
             routed = [b.route(arrivals) for b in backends]
             jobs = [(k, r, config, b.scheduling_policy, reqs) for k, (b, per_replica) in enumerate(zip(backends, routed))
                     for r, reqs in enumerate(per_replica) if reqs]
-            jobs.sort(key=lambda j: -sum(q.length for q in j[4]))  # the longest first, so both workers end together
+            on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
+            on_vllm.sort(key=lambda j: -sum(q.length for q in j[4]))  # the longest first: the workers end together
             results: dict[tuple[int, int], ReplicaResult] = {}
-            for key, replica, res in pool.imap_unordered(_replay_replica, jobs):
+            replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
+            for key, replica, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
+                if backends[key].engine == "transformers":
+                    results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
+                    if progress is not None:
+                        progress(1)
+            for key, replica, res in replayed:
                 results[(key, replica)] = res
                 if progress is not None:
                     progress(1)
