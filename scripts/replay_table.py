@@ -5,7 +5,7 @@ prompts' first visit; step 1: their revisit, the predictors having seen step 0),
 preemptions are vLLM's scheduler's (exact); seconds are the cost model's (modeled).
 
     python scripts/replay_table.py [--replicas 1,8] [--n 16,64] [--caps 4096,16384] [--pools ample,tight]
-        [--samples-per-replica 1024] [--seed 101] [--json]
+        [--samples-per-replica 1024] [--seed 101] [--json | --markdown]
 
 ``--pools``: ample = ``--gpu-memory-utilization 0.9``, tight = 0.5 (verl's default). Prompts per step are chosen so
 each replica gets ``--samples-per-replica`` samples (a queue of that over ``max_num_seqs`` = 256).
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--predictor", default="history")
     p.add_argument("--seed", type=int, default=101)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="the README's table: one row per setting and visit")
     args = p.parse_args(argv)
     grid = [(int(r), int(n), int(c), pool) for r in args.replicas.split(",") for n in args.n.split(",")
             for c in args.caps.split(",") for pool in args.pools.split(",")]
@@ -65,9 +66,33 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-len(out):]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
+    elif args.markdown:
+        print(markdown(rows))
     else:
         print(format_table(rows, list(rows[0])))
     return 0
+
+
+def markdown(rows: list[dict]) -> str:
+    """One row per setting and visit: verl's ``vllm`` in engine steps and modeled seconds, every other backend as
+    its ratio to it (steps / seconds)."""
+    others = [b for b in ("infinite", "oracle", "transformers") if any(r["backend"] == b for r in rows)]
+    head = ["replicas", "n", "cap", "KV pool (blocks)", "visit", "vllm steps", "vllm s (modeled)",
+            *[f"{b} steps / s vs vllm" for b in others]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = []
+    for r in rows:
+        key = (r["replicas"], r["n"], r["cap"], r["pool"], r["visit"])
+        if key not in keys:
+            keys.append(key)
+    for key in keys:
+        cell = {r["backend"]: r for r in rows if (r["replicas"], r["n"], r["cap"], r["pool"], r["visit"]) == key}
+        v = cell["vllm"]
+        lines.append("| " + " | ".join([str(key[0]), str(key[1]), f"{key[2] // 1024}k", f"{key[3]} ({v['kv_blocks']})",
+                                        key[4], str(v["engine_steps"]), f"{v['model_s']:.0f}",
+                                        *[f"{cell[b]['steps_vs_vllm']:.3f} / {cell[b]['time_vs_vllm']:.3f}"
+                                          if b in cell else "-" for b in others]]) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

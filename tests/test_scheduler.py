@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_infsample.core import KVBudget, SlotPool, TracePrompt
+from verl_infsample.core.predictor import LengthPredictor
 
 from verl_infsample.predict import make_predictor
 from verl_infsample.core.policies import POLICIES
@@ -67,7 +68,7 @@ def test_every_sample_exactly_once_under_kv_budget(trace, extra, policy, predict
 def test_underpredicted_lengths_preempt_and_the_cost_is_counted():
     trace = [TracePrompt("a", 10, (50, 50, 50, 50)), TracePrompt("b", 10, (40, 45, 50, 55))]
 
-    class Underpredict:  # a predictor that believes every sample is 5 tokens long
+    class Underpredict(LengthPredictor):  # a predictor that believes every sample is 5 tokens long
         name = "under"
 
         def predict(self, group, sample):

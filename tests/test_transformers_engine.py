@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from verl_infsample.core import KVBudget, SlotPool
+from verl_infsample.core.predictor import LengthPredictor
 from verl_infsample.engines.sampling import SamplingParams
 
 MAX_NEW = 48
@@ -134,7 +135,7 @@ def test_preempted_samples_resume_exactly(tiny_engine, tiny_prompts, reference, 
     prompts, _ = tiny_prompts
     params, full = reference
 
-    class Underpredict:
+    class Underpredict(LengthPredictor):
         name = "underpredict"
 
         def predict(self, group, sample):

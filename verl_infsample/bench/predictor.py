@@ -29,6 +29,7 @@ import numpy as np
 from ..core.capacity import Capacity, KVBudget, SlotPool
 from ..core.predictor import LengthPredictor
 from ..predict import make_predictor
+from ..predict.learned import LearnedPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import reported_checkpoints
 from ..core.trace import TracePrompt, read_trace
@@ -48,11 +49,12 @@ def kendall_tau(x, y) -> float:
     return float((dx * dy).sum() / denom) if denom else 0.0
 
 
-class TokenRecorder:
+class TokenRecorder(LengthPredictor):
     """A predictor that predicts nothing (``max_len``) and records every step's features: turns a live rollout into
     a token trace."""
 
     name = "record"
+    reads_tokens = True
 
     def __init__(self, max_len: int):
         self.max_len = max_len
@@ -118,7 +120,7 @@ def replay_with_predictions(trace: list[TracePrompt], predictor: LengthPredictor
     remaining length at k tokens}) for every sample longer than k. A predictor that does not refine keeps its plan's
     prediction."""
     capacity = capacity or SlotPool(slots)
-    refines = hasattr(predictor, "observe_tokens")
+    refines = predictor.reads_tokens
     checkpoints = reported_checkpoints(predictor, capacity, max_len) if refines else None
     if checkpoints is not None and k not in checkpoints:
         raise ValueError(f"--k {k} is not one of {predictor.name}'s checkpoints {sorted(checkpoints)}: "
@@ -204,7 +206,7 @@ def evaluate_predictor(train: list[list[TracePrompt]], test: list[TracePrompt], 
     steps = {name: r.decode_steps for name, r in runs.items()}
     oracle = runs["oracle"]
     q = _quality(test, k, at_k, at_k_history)
-    trained = learned.trained_checkpoints() if hasattr(learned, "trained_checkpoints") else []
+    trained = learned.trained_checkpoints() if isinstance(learned, LearnedPredictor) else []
     return PredictorEvaluation(
         predictor=learned.name, k=k, slots=slots, capacity=str(capacity), train_rollouts=len(train),
         train_samples=sum(p.group_size for r in train for p in r), test_samples=sum(p.group_size for p in test),

@@ -4,12 +4,10 @@ A spec string picks one: ``oracle``, ``noisy:SIGMA``, ``none``, ``history`` or `
 token-conditioned predictor of ``verl_infsample.predict``, numpy only). Predictions are in tokens; with no
 information a predictor answers ``max_len``, the worst case, which is also the safe KV reservation.
 
-Optional hooks a predictor may have (the scheduler and engines call them only when present; features are plain
-numbers, so the core stays free of tensors): ``start_batch(groups)`` before a rollout is planned,
-``observe_prompt(prompt_id, token_ids)`` from engines that have the prompt's tokens,
-``observe_tokens(group, sample, features) -> bool`` after each decode step (True: the sample's prediction changed),
-and ``predict_outgrown(group, sample) -> float``: the final length of a running sample that has generated its
-predicted length and goes on (read under a KV budget, where the admission projects running samples' growth).
+Every predictor is a :class:`LengthPredictor`: ``predict`` is its own, and each hook the scheduler and engines
+call is a no-op there that a predictor overrides where it learns from it (features are plain numbers, so the core
+stays free of tensors). Its flags say which of the costlier hooks it wants called: engines report tokens only to a
+predictor that ``reads_tokens``, and the scheduler asks ``predict_outgrown`` only of one that ``repredicts_outgrown``.
 """
 
 from __future__ import annotations
@@ -17,29 +15,52 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict, deque
 from itertools import accumulate
-from typing import Protocol
+from typing import Sequence
 
 import numpy as np
 
 from .sample import Group, Sample
 
 
-class LengthPredictor(Protocol):
-    name: str
+class LengthPredictor:
+    """What the scheduler believes of a sample's final length, and the hooks through which it learns."""
+
+    name: str = "predictor"
+    reads_tokens: bool = False  # engines report running samples' tokens (``observe_tokens``) at its checkpoints
+    repredicts_outgrown: bool = False  # it answers ``predict_outgrown`` (read under a KV budget)
+    plans_on_first_token: bool = False  # it asks engines for every sample's first token before the plan
+    token_checkpoints: frozenset[int] | None = None  # token counts it reads (None: every token)
+    slot_checkpoints: frozenset[int] | None = None  # under M slots, where nothing re-reads a running prediction
 
     def predict(self, group: Group, sample: Sample) -> float:
         """Predicted final length (tokens) of ``sample`` before it decodes."""
+        raise NotImplementedError
 
     def observe(self, group: Group, sample: Sample, length: int) -> None:
-        """A sample finished with ``length`` tokens: learn from it."""
+        """A sample finished with ``length`` tokens."""
+
+    def start_batch(self, groups: Sequence[Group]) -> None:
+        """A rollout of ``groups`` is about to be planned (the previous one is complete)."""
+
+    def join_batch(self, groups: Sequence[Group]) -> None:
+        """``groups`` join the rollout in progress."""
+
+    def observe_prompt(self, prompt_id: str, token_ids: Sequence[int]) -> None:
+        """A prompt's tokens, from engines that have them, before the plan."""
+
+    def observe_tokens(self, group: Group, sample: Sample, features) -> bool:
+        """A running sample reached one of the checkpoints with these token features; True if its prediction
+        changed. Called only where ``reads_tokens``."""
+        return False
+
+    def predict_outgrown(self, group: Group, sample: Sample) -> float:
+        """The final length of a running sample that has generated its predicted length and goes on. Called only
+        where ``repredicts_outgrown``."""
+        raise NotImplementedError(f"{type(self).__name__} does not repredict outgrown samples")
 
 
-class _Stateless:
-    def observe(self, group: Group, sample: Sample, length: int) -> None:
-        pass
-
-    def start_batch(self, groups) -> None:
-        pass
+class _Stateless(LengthPredictor):
+    pass
 
 
 class OraclePredictor(_Stateless):
@@ -84,7 +105,7 @@ class NoInformationPredictor(_Stateless):
         return float(self.max_len)
 
 
-class HistoryPredictor:
+class HistoryPredictor(LengthPredictor):
     """Per-prompt running mean of earlier rollouts, else the global mean, else ``max_len``.
 
     GRPO revisits prompts across epochs, and a prompt's lengths correlate strongly from one visit to the next. A
@@ -96,6 +117,7 @@ class HistoryPredictor:
     """
 
     name = "history"
+    repredicts_outgrown = True
     KEPT_PER_PROMPT = 256  # lengths kept per prompt (and 16x that over all prompts) for ``predict_outgrown``
 
     def __init__(self, max_len: int):

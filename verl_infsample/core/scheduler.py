@@ -80,7 +80,7 @@ class Scheduler:
         self._finished = 0
         self.stats = SchedulerStats()
         # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
-        self.refines_predictions = policy.uses_predictor and hasattr(predictor, "observe_tokens")
+        self.refines_predictions = policy.uses_predictor and predictor.reads_tokens
         # Predictions are read while decoding only under a KV budget: the admission projection reads the running
         # samples', the SJF refill of what the planned head cannot use the waiting ones'. Under slots, where any
         # sample fits a free slot and a running one keeps its slot until it ends, a waiting sample's prediction is
@@ -89,7 +89,7 @@ class Scheduler:
         self._read_while_decoding = isinstance(capacity, KVBudget)
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
         self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
-                                    and hasattr(predictor, "predict_outgrown"))
+                                    and predictor.repredicts_outgrown)
         # (decode step at which it reaches its prediction, tiebreak, running sample): watched, not scanned each step
         self._outgrowing: list[tuple[int, int, Sample]] = []
         self._tiebreak = itertools.count()
@@ -98,10 +98,9 @@ class Scheduler:
         self.token_checkpoints = (reported_checkpoints(predictor, capacity, max_len) if self.refines_predictions
                                   else frozenset())
         self._observe_prompts(groups, prompt_tokens)
-        if hasattr(predictor, "start_batch"):
-            predictor.start_batch(groups)
+        predictor.start_batch(groups)
         self.lookahead = (first_tokens is not None and self.refines_predictions
-                          and getattr(predictor, "plans_on_first_token", False))
+                          and predictor.plans_on_first_token)
         if self.lookahead:
             self._look_ahead(first_tokens, self.samples)
         # Under slots a sample's prediction is read only by the plan; it is refreshed at admission (siblings as of
@@ -137,7 +136,7 @@ class Scheduler:
         return new
 
     def _observe_prompts(self, groups: list[Group], prompt_tokens: list[Sequence[int] | None] | None) -> None:
-        if prompt_tokens is not None and hasattr(self.predictor, "observe_prompt"):
+        if prompt_tokens is not None:
             for g, tokens in zip(groups, prompt_tokens):
                 if tokens is not None:
                     self.predictor.observe_prompt(g.prompt_id, [int(t) for t in tokens])
@@ -164,8 +163,7 @@ class Scheduler:
         self.check_fits(groups)
         new = self._append(groups, true_lengths)
         self._observe_prompts(groups, prompt_tokens)
-        if hasattr(self.predictor, "join_batch"):
-            self.predictor.join_batch(groups)
+        self.predictor.join_batch(groups)
         if self.lookahead and first_tokens is not None:
             self._look_ahead(first_tokens, new)
         t1 = time.perf_counter()
@@ -405,9 +403,11 @@ def reported_checkpoints(predictor: LengthPredictor, capacity: Capacity, max_len
     """Token counts at which engines report a running sample's tokens to a predictor that reads them: its
     ``token_checkpoints`` (default: every token), or under M slots, where nothing reads a running sample's
     prediction, its ``slot_checkpoints`` where it has them."""
-    if not isinstance(capacity, KVBudget) and hasattr(predictor, "slot_checkpoints"):
+    if not isinstance(capacity, KVBudget) and predictor.slot_checkpoints is not None:
         return frozenset(predictor.slot_checkpoints)
-    return frozenset(getattr(predictor, "token_checkpoints", range(1, max_len + 1)))
+    if predictor.token_checkpoints is not None:
+        return frozenset(predictor.token_checkpoints)
+    return frozenset(range(1, max_len + 1))
 
 
 def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predictor: LengthPredictor,

@@ -46,7 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.predictor import HistoryPredictor
+from ..core.predictor import HistoryPredictor, LengthPredictor
 from ..core.sample import Group, Sample
 from .features import (DIM, NO_TOKENS, SIBLINGS, TOKENS, GroupContext, TokenWindow, feature_rows, group_features,
                        prompt_vector, token_features)
@@ -81,10 +81,12 @@ class _LiveSample:
     siblings: int = 0  # its group's finished samples when the snapshots were taken
 
 
-class LearnedPredictor:
+class LearnedPredictor(LengthPredictor):
     """Online ridge regressors on log remaining length, one per checkpoint; ``history`` until trained."""
 
     name = "learned"
+    reads_tokens = True
+    repredicts_outgrown = True
     plans_on_first_token = True  # asks engines for the first-token lookahead (``Scheduler(first_tokens=...)``)
 
     def __init__(self, max_len: int, *, k: int = 16, forget: float = 0.998, ridge: float = 2.0,

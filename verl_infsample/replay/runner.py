@@ -119,10 +119,10 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult]:
 
 @contextlib.contextmanager
 def _replica_pool(processes: int):
-    """Worker processes (vLLM's logging at warnings) with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
+    """Worker processes (vLLM logging errors only: it logs to stdout) with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
     (which blocks are freed first, so which cached blocks are evicted first), and a process's string hashes decide
     that order. With the seed fixed, a replay gives the same figures every time."""
-    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # what the spawned workers start with
     try:
