@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples-per-replica", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--predictor", default="history")
+    p.add_argument("--router", default="group_affinity", help="infinite's router: group_affinity or verl")
+    p.add_argument("--backends", default="vllm,infinite,oracle,transformers")
     p.add_argument("--seed", type=int, default=101)
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true", help="the README's table: one row per setting and visit")
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
         trace = synth_rl_trace(prompts, n, cap, steps=2, seed=args.seed)
         config = ReplayConfig(gpu=args.gpu, model=args.model, replicas=replicas,
                               gpu_memory_utilization=POOLS[pool], max_num_seqs=args.max_num_seqs,
-                              predictor=args.predictor, seed=args.seed)
+                              predictor=args.predictor, router=args.router, seed=args.seed,
+                              backends=tuple(args.backends.split(",")))
         t = time.perf_counter()
         out, _ = replay(trace, config)
         wall = time.perf_counter() - t

@@ -32,6 +32,7 @@ from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
 BACKENDS = ("vllm", "infinite", "oracle", "transformers")
+ROUTERS = ("group_affinity", "verl")  # infinite's router: ours (groups whole, by predicted work), or verl's own
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class InfiniteBackend:
     scheduling_policy = "priority"
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
-                 seed: int = 0, oracle: bool = False):
+                 seed: int = 0, oracle: bool = False, router: str = "group_affinity"):
         from ..integration.rollout.vllm_order import VLLMRequestOrder
         from ..predict import make_predictor
 
@@ -117,7 +118,11 @@ class InfiniteBackend:
         self.orders = [VLLMRequestOrder(ordering, make_predictor(self.predictor, seed=seed,
                                                                  max_len=max_response_length))
                        for _ in range(replicas)]
+        if router not in ROUTERS:
+            raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
+        self.router_name = router
         self.router = self._new_router()
+        self._verl_router = VerlVLLMBackend(replicas, seed)
 
     def _new_router(self):
         from ..integration.rollout.router import GroupAffinityRouter
@@ -131,7 +136,12 @@ class InfiniteBackend:
         if self.oracle:  # the router books each group by its exact mean length this step
             self.router = self._new_router()
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), s.length) for s in arrivals])
-        placed = asyncio.run(self._acquire_all(arrivals))
+        if self.router_name == "verl":  # verl's balancer: requests spread by requests in flight
+            routed = self._verl_router.route(arrivals)
+            where = {r.request_id: i for i, reqs in enumerate(routed) for r in reqs}
+            placed = [where[s.request_id] for s in arrivals]
+        else:
+            placed = asyncio.run(self._acquire_all(arrivals))
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         for s, replica in zip(arrivals, placed):
             sample = Sample(s.uid, s.uid, 0, len(s.prompt_tokens), true_len=s.length) if self.knows_truth else None
@@ -177,11 +187,13 @@ class TransformersBackend(InfiniteBackend):
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), length) for s, length in done])
 
 
-def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0):
+def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
+                 router: str = "group_affinity"):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
     if name in ("infinite", "oracle"):
-        return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle")
+        return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
+                               router=router)
     if name == "transformers":
         return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

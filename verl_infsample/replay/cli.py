@@ -34,6 +34,9 @@ def add_replay_parser(sub) -> None:
                    help=f"backends to replay (repeat or comma-separate; default: all of {', '.join(BACKENDS)})")
     p.add_argument("--predictor", default="history",
                    help="infinite's predictor: history (the product's) | none | noisy:SIGMA | oracle")
+    p.add_argument("--router", default="group_affinity", choices=["group_affinity", "verl"],
+                   help="infinite's router: ours (rollout.router_config_path: groups whole, by predicted work) or "
+                        "verl's own (requests spread by requests in flight)")
     p.add_argument("--calibration", help="JSON file of the cost model's efficiencies and overheads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="processes replaying replicas side by side")
@@ -57,7 +60,8 @@ def cmd_replay(args) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, num_blocks=args.num_blocks,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, max_response_length=args.max_response_length,
-        agent_workers=args.agent_workers, backends=backends, predictor=args.predictor, seed=args.seed,
+        agent_workers=args.agent_workers, backends=backends, predictor=args.predictor, router=args.router,
+        seed=args.seed,
         calibration=Calibration.from_file(args.calibration) if args.calibration else Calibration(),
         workers=args.workers, keep_timeline=bool(args.plot))
     config.check()

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from ..core.trace import TracePrompt, rollout_steps
-from .backends import BACKENDS, StepSample, agent_loop_arrivals, make_backend, step_samples
+from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
 
@@ -37,6 +37,7 @@ class ReplayConfig:
     agent_workers: int = 8  # verl's rollout.agent.num_workers
     backends: tuple[str, ...] = BACKENDS
     predictor: str = "history"
+    router: str = "group_affinity"  # infinite's and oracle's: rollout.router_config_path's router, or "verl"
     seed: int = 0
     calibration: Calibration = field(default_factory=Calibration)
     workers: int = 2  # processes replaying replicas side by side
@@ -69,6 +70,8 @@ class ReplayConfig:
                 bad("backend", f"unknown {b!r}; choose from {', '.join(BACKENDS)}")
         if not self.backends:
             bad("backend", "name at least one")
+        if self.router not in ROUTERS:
+            bad("router", f"unknown {self.router!r}; choose from {', '.join(ROUTERS)}")
 
     @property
     def cost(self) -> StepCostModel:
@@ -158,7 +161,8 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
     model = MODELS[config.model]
     _check_pool(trace, config, cap)
-    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed) for b in config.backends]
+    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router)
+                for b in config.backends]
     rows, timelines = [], {}
     with _replica_pool(min(config.workers, config.replicas * len(backends))) as pool:
         for step_index, prompts in enumerate(rollout_steps(trace)):

@@ -131,9 +131,8 @@ class ReplicaReplay:
         self.keep_timeline = keep_timeline
         self.scheduler = build_scheduler(model_dir, setup)
 
-    def run(self, requests: list[ReplayRequest], progress=None) -> ReplicaResult:
-        """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish. ``progress(n)`` is told
-        of each step's finished samples."""
+    def run(self, requests: list[ReplayRequest]) -> ReplicaResult:
+        """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish."""
         from vllm import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -156,9 +155,7 @@ class ReplicaReplay:
             self._tokens[r.request_id] = (int(rng.integers(self.vocab)), int(rng.integers(1, self.vocab)))
             lengths[r.request_id] = (len(r.prompt_tokens), r.length)
         while s.has_unfinished_requests():
-            done = self._step(res)
-            if progress is not None and done:
-                progress(done)
+            self._step(res)
             if self.fast_forward:
                 self._skip_decode_stretch(res)
         res.recomputed_tokens = res.computed_tokens - sum(
@@ -166,7 +163,7 @@ class ReplicaReplay:
         return res
 
     # --- one engine step, as vLLM's EngineCore.step runs it --------------------------------------------------------
-    def _step(self, res: ReplicaResult) -> int:
+    def _step(self, res: ReplicaResult) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
 
         s = self.scheduler
@@ -210,7 +207,6 @@ class ReplicaReplay:
         # end would change what vLLM admits), and until something finishes or is preempted it will be again
         self._admission_blocked = (waited and not admitted and not out.preempted_req_ids and not finished
                                    and all(sampled) and bool(np.all(new == 1)))
-        return finished
 
     def _token(self, rid: str, position: int) -> int:
         base, stride = self._tokens[rid]
