@@ -100,6 +100,10 @@ def test_verl_sends_groups_across_replicas_ours_keeps_them_whole():
     assert groups(verl[0]) & groups(verl[1])  # verl splits groups
     assert not groups(routed[0]) & groups(routed[1])  # ours keeps them whole
     assert len({r.priority for r in routed[0]}) > 1  # the server's order: groups apart
+    spread = make_backend("infinite", 2, "history", 4096, router="verl").route(arrivals)
+    assert [[r.request_id for r in reqs] for reqs in spread] == [[r.request_id for r in reqs] for reqs in verl]
+    with pytest.raises(ValueError, match="unknown --router 'rr'"):
+        make_backend("infinite", 2, "history", 4096, router="rr")
 
 
 def test_the_cost_model_sums_its_steps_and_sizes_the_pool_as_vllm():
