@@ -6,11 +6,12 @@ if the projected KV of the running set, every sample ending at its predicted len
 scheduler never plans past it); if reality outgrows the prediction, the engine must preempt, and the scheduler
 counts it. ``PagedKVBudget`` is the same budget in the blocks a paged, prefix-caching engine (vLLM) allocates.
 Both also give the skyline plan (``core/skyline.py``) a sample's footprint per step and the budget's ``limit``.
+``Capacity`` is what every model answers, so that callers ask it rather than check which model they hold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -71,8 +72,40 @@ class Ledger(Protocol):
     def running_arrays(self) -> SampleArrays: ...
 
 
+class Capacity:
+    """What the scheduler, the plans and the engines ask of any capacity model, so that none of them needs to know
+    which model it holds. The defaults answer for a plain count of samples: no memory is charged, so nothing
+    overflows and any one sample fits."""
+
+    slots: int | None = None  # samples decoded at once, where a count of them is what binds (else None)
+    charges_kv = False  # whether admission charges the KV each sample and prompt holds (memory binds, not a count)
+
+    def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        """Whether ``sample`` may start now, its growth to its predicted length reserved."""
+        raise NotImplementedError
+
+    def fits_now(self, sample: Sample, ledger: Ledger) -> bool:
+        """Whether ``sample`` may start now, judged by the next step alone."""
+        raise NotImplementedError
+
+    def overflows(self, ledger: Ledger) -> bool:
+        """Whether the next decode step would exceed the capacity (then the scheduler preempts)."""
+        return False
+
+    def lanes(self, mean_footprint: float) -> int:
+        """How many samples of average (predicted) footprint run at once: the plan's lane count."""
+        raise NotImplementedError
+
+    def check_fits(self, prompt_len: int, max_len: int) -> None:
+        """Raise if one worst-case sample could never run; any sample fits where only a count binds."""
+
+    def with_block_size(self, block_size: int) -> "Capacity":
+        """This capacity on an engine that allocates KV in blocks of ``block_size`` tokens."""
+        return self
+
+
 @dataclass(frozen=True)
-class SlotPool:
+class SlotPool(Capacity):
     slots: int
 
     def __post_init__(self) -> None:
@@ -84,9 +117,6 @@ class SlotPool:
 
     fits_now = admits
 
-    def overflows(self, ledger: Ledger) -> bool:
-        return False
-
     def lanes(self, mean_footprint: float) -> int:
         return self.slots
 
@@ -95,7 +125,7 @@ class SlotPool:
 
 
 @dataclass(frozen=True)
-class KVBudget:
+class KVBudget(Capacity):
     """``block_size``: an engine that pages its KV in blocks (the transformers engine's store) allocates whole
     blocks: a prompt holds ceil(p / block) of them, a sample that feeds its k-th token ceil((k + 1) / block) at most;
     the budget charges whole blocks, so the real allocation stays inside it. ``max_running``: an engine that also
@@ -105,6 +135,8 @@ class KVBudget:
     tokens: int
     block_size: int = 1
     max_running: int | None = None
+
+    charges_kv = True
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
@@ -116,6 +148,10 @@ class KVBudget:
 
     def whole_blocks(self, tokens):
         return whole_blocks(tokens, self.block_size)
+
+    def with_block_size(self, block_size: int) -> "KVBudget":
+        """The same budget charging the whole blocks of ``block_size`` such an engine allocates."""
+        return replace(self, block_size=block_size)
 
     def check_fits(self, prompt_len: int, max_len: int) -> None:
         """A budget must hold at least one worst-case sample, or the rollout could never finish."""
@@ -293,6 +329,3 @@ def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndar
     past_start = np.where(part > 0, running, at_least[last, 1])  # r_i + R > 0
     past_end = at_least[last, np.minimum(np.floor(block - part).astype(np.int64) + 1, block)]  # r_i + R > block
     return block * (np.cumsum(q)[last] + running * whole + past_start + past_end)
-
-
-Capacity = SlotPool | KVBudget

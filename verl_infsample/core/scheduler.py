@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .capacity import Capacity, KVBudget, SampleArrays, SlotPool
+from .capacity import Capacity, SampleArrays
 from .policies import Policy, make_policy
 from .predictor import LengthPredictor
 from .sample import Group, Sample, SampleState
@@ -75,7 +75,7 @@ class Scheduler:
         # Slots bound the batch, not memory: a started group keeps its prompt KV until its last sample ends, so it
         # is prefilled once however the plan spreads its samples. Under a KV budget memory comes first: an idle
         # group's prompt is dropped and rebuilt when its next sample enters (counted in prefill_passes).
-        self._retain_idle_prompts = not isinstance(capacity, KVBudget)
+        self._retain_idle_prompts = not capacity.charges_kv
         self._admitting, self._arrays = False, None  # the running set as arrays, during an admission round
         self._finished = 0
         self.stats = SchedulerStats()
@@ -86,9 +86,9 @@ class Scheduler:
         # sample fits a free slot and a running one keeps its slot until it ends, a waiting sample's prediction is
         # refreshed once, when it is admitted, not each time a sibling finishes, and reports at a running sample's
         # checkpoints only teach the predictor (nothing re-predicts it).
-        self._read_while_decoding = isinstance(capacity, KVBudget)
+        self._read_while_decoding = capacity.charges_kv
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
-        self._repredict_outgrown = (isinstance(capacity, KVBudget) and policy.uses_predictor
+        self._repredict_outgrown = (capacity.charges_kv and policy.uses_predictor
                                     and predictor.repredicts_outgrown)
         # (decode step at which it reaches its prediction, tiebreak, running sample): watched, not scanned each step
         self._outgrowing: list[tuple[int, int, Sample]] = []
@@ -111,11 +111,12 @@ class Scheduler:
         self._plan()
 
     def check_fits(self, groups: list[Group]) -> None:
-        """Under a KV budget every group's worst-case sample must fit, or the rollout could never finish."""
+        """Every group's worst-case sample must fit the capacity (a KV budget may be too small for one), or the
+        rollout could never finish."""
         for g in groups:
             if g.max_len is not None and g.max_len > self.max_len:
                 raise ValueError(f"group {g.prompt_id!r}: max_len {g.max_len} exceeds the batch's {self.max_len}")
-        if isinstance(self.capacity, KVBudget) and not self.policy.ignores_capacity:
+        if not self.policy.ignores_capacity:
             for prompt_len, cap in sorted({(g.prompt_len, g.max_len or self.max_len) for g in groups}):
                 self.capacity.check_fits(prompt_len, cap)
 
@@ -175,7 +176,7 @@ class Scheduler:
                                                                  {s.group for s in waiting})) / max(1, len(waiting))
         busy = sorted(s.remaining_predicted() for s in self.running)
         self.policy.extend(new, self.capacity.lanes(footprint), busy=busy,
-                           memory=self.capacity if isinstance(self.capacity, KVBudget) else None)
+                           memory=self.capacity if self.capacity.charges_kv else None)
         self.stats.predict_ms += (t2 - t1) * 1e3
         self.stats.plan_ms += (time.perf_counter() - t2) * 1e3
         return new
@@ -189,7 +190,7 @@ class Scheduler:
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
         self.policy.plan(list(self.samples), self.capacity.lanes(mean_footprint),
-                         memory=self.capacity if isinstance(self.capacity, KVBudget) else None)
+                         memory=self.capacity if self.capacity.charges_kv else None)
         self.stats.predict_ms += (t1 - t0) * 1e3
         self.stats.plan_ms = (time.perf_counter() - t1) * 1e3
 
@@ -403,7 +404,7 @@ def reported_checkpoints(predictor: LengthPredictor, capacity: Capacity, max_len
     """Token counts at which engines report a running sample's tokens to a predictor that reads them: its
     ``token_checkpoints`` (default: every token), or under M slots, where nothing reads a running sample's
     prediction, its ``slot_checkpoints`` where it has them."""
-    if not isinstance(capacity, KVBudget) and predictor.slot_checkpoints is not None:
+    if not capacity.charges_kv and predictor.slot_checkpoints is not None:
         return frozenset(predictor.slot_checkpoints)
     if predictor.token_checkpoints is not None:
         return frozenset(predictor.token_checkpoints)
@@ -417,7 +418,7 @@ def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predic
                     first_tokens: Callable[[list[Sample]], list] | None = None) -> Scheduler:
     """A ``Scheduler`` for a policy by name (``predict.make_predictor`` builds a predictor by spec); a policy that
     brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
-    pol = make_policy(policy, slots=capacity.slots if isinstance(capacity, SlotPool) else None, fptas_eps=fptas_eps)
+    pol = make_policy(policy, slots=capacity.slots, fptas_eps=fptas_eps)
     pred = pol.forced_predictor() if pol.forced_predictor is not None else predictor
     return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens,
                      first_tokens=first_tokens)

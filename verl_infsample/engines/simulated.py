@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..core.capacity import Capacity, KVBudget, SampleArrays, SlotPool
+from ..core.capacity import Capacity, KVBudget, SampleArrays
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
@@ -41,7 +41,7 @@ class SimulatedEngine:
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         running = sched.running
         steps = min(s.true_len - s.generated for s in running)
-        if isinstance(sched.capacity, KVBudget) and not sched.policy.ignores_capacity:
+        if sched.capacity.charges_kv and not sched.policy.ignores_capacity:
             steps = _steps_until_full(sched.capacity, running, steps)
         wake = sched.policy.wake_at(sched.stats.decode_steps)
         if wake is not None:  # a planned start comes before the next retirement
@@ -180,7 +180,7 @@ def _lower_bound_steps(trace: list[TracePrompt], capacity: Capacity, policy) -> 
     longest = max(lengths)
     if policy.ignores_capacity:
         return int(max(longest, math.ceil(sum(lengths) / max(p.group_size for p in trace))))
-    if isinstance(capacity, SlotPool):
+    if capacity.slots is not None:
         return int(max(longest, math.ceil(sum(lengths) / capacity.slots)))
     area = sum(n * (n + 1) // 2 for n in lengths) + sum(p.prompt_len * max(p.lengths) for p in trace)
     return int(max(longest, math.ceil(area / capacity.tokens)))

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from ..core.capacity import Capacity, KVBudget, SlotPool
+from ..core.capacity import Capacity, SlotPool
 from ..core.policies import open_prompt_allowance
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample
@@ -151,8 +151,7 @@ class TransformersEngine:
         caps = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else [int(m) for m in max_new_tokens]
         sizes, prompt_ids = check_batch(prompts, n, prompt_ids, caps, self.max_positions, self._limit)
         capacity = capacity or SlotPool(max(sizes))
-        if isinstance(capacity, KVBudget):  # charge the paged store's partial blocks to the budget (its cap on
-            capacity = replace(capacity, block_size=self.pool.block_size)  # running samples, if any, stays)
+        capacity = capacity.with_block_size(self.pool.block_size)  # a budget charges the paged store's partial blocks
         groups = [Group(pid, len(p), size, max_len=cap if cap != params.max_new_tokens else None)
                   for pid, p, size, cap in zip(prompt_ids, prompts, sizes, caps)]
         t0 = time.perf_counter()
@@ -163,7 +162,7 @@ class TransformersEngine:
         self._stream_indices = ([list(range(size)) for size in sizes] if stream_indices is None
                                 else [[int(i) for i in ix] for ix in stream_indices])
         self._keep_lookahead_kv = self._keeps_lookahead_kv(capacity, prompts, params.max_new_tokens)
-        self._until_admission = self._keep_lookahead_kv and isinstance(capacity, KVBudget)
+        self._until_admission = self._keep_lookahead_kv and capacity.charges_kv
         self._stream = lambda s: self._sampling.stream(
             params.seed, sched_groups[s.group].prompt_id, self._stream_indices[s.group][s.index])
         sched_groups = groups  # (the scheduler's list once it exists: joined groups are appended to it)
@@ -228,7 +227,7 @@ class TransformersEngine:
         self._prompts += [torch.tensor(list(p), dtype=torch.long) for p in new.prompts]
         self._caps += list(new.max_new_tokens)
         self._stream_indices += [[int(i) for i in ix] for ix in new.stream_indices]
-        keep, self._keep_lookahead_kv = self._keep_lookahead_kv, isinstance(sched.capacity, SlotPool)
+        keep, self._keep_lookahead_kv = self._keep_lookahead_kv, sched.capacity.slots is not None
         try:
             samples = sched.add_groups(groups, prompt_tokens=new.prompts, first_tokens=self._first_tokens)
         finally:
@@ -443,9 +442,9 @@ class TransformersEngine:
         """Whether the lookahead's prompt KV serves as the groups' prefill: when holding every prompt at once fits.
         Under slots: within what the plan lets open groups hold. Under a KV budget: within the budget, and only until
         the first admission (the scheduler accounts the prompts of open groups: the others' KV goes then)."""
-        if isinstance(capacity, KVBudget):
+        if capacity.charges_kv:
             return sum(self.pool.blocks_for(len(p)) for p in prompts) * self.pool.block_size <= capacity.tokens
-        if isinstance(capacity, SlotPool):
+        if capacity.slots is not None:
             return sum(map(len, prompts)) <= open_prompt_allowance(capacity.slots, max_new_tokens)
         return False
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..core.capacity import Capacity, KVBudget, PagedKVBudget
+from ..core.capacity import Capacity, PagedKVBudget
 from ..core.predictor import LengthPredictor
 from ..core.sample import Group, Sample, SampleState
 from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
@@ -235,7 +235,7 @@ class VLLMEngine:
     def _capacity(self, capacity: Capacity | None) -> Capacity:
         if capacity is None:
             return self.kv_budget()
-        if isinstance(capacity, KVBudget):
+        if capacity.charges_kv:
             return self.kv_budget(capacity.tokens)
         if capacity.slots > self.max_num_seqs:
             raise ValueError(f"slots={capacity.slots} exceeds the engine's max_num_seqs={self.max_num_seqs}; build "

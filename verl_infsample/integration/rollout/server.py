@@ -565,11 +565,9 @@ def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
 def _lower_bound_steps(res, capacity) -> int:
     """No schedule decodes this batch in fewer steps: max(longest sample, ceil(tokens / M)); under a KV budget,
     the longest sample (the budget's own bound needs the prompts: see ``engines.simulated``)."""
-    from ...core.capacity import SlotPool
-
     lengths = [len(o.token_ids) for group in res.outputs for o in group]
     longest = max(lengths, default=0)
-    if isinstance(capacity, SlotPool):
+    if capacity.slots is not None:
         return max(longest, -(-sum(lengths) // capacity.slots))
     return longest
 
