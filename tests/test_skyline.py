@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from verl_infsample.core import KVBudget, PagedKVBudget, TracePrompt
 from verl_infsample.core import skyline
-from verl_infsample.core.policies import InfiniteSamplingPolicy
+from verl_infsample.core.admission import SkylinePacedAdmission
 from verl_infsample.core.skyline import plan_skyline
 from verl_infsample.engines import simulate
 from verl_infsample.engines.simulated import SimulatedEngine
@@ -107,7 +107,7 @@ def test_exact_lengths_follow_the_plan_step_for_step_without_preemption():
     policy = make_policy("oracle")
     sched = Scheduler(groups, policy, budget, make_predictor("oracle", max_len=96), 96,
                       true_lengths=[list(p.lengths) for p in TRACE])
-    plan = {uid: t for uid, t in policy._start.items()}
+    plan = dict(policy.admission.planned_start)
     run_rollout(OneStepAtATime(), sched)
     assert sched.stats.preemptions == 0
     assert {s.uid: s.admitted_at for s in sched.samples} == plan
@@ -143,7 +143,7 @@ def test_backfilled_samples_leave_the_plan_and_the_gates_hold(seed):
         trace.append(TracePrompt(f"p{g}", int(rng.integers(8, 20)), tuple(int(n) for n in lengths)))
     res, sched = simulate(trace, "oracle", KVBudget(400, block_size=16), "oracle", max_len=128,
                           return_scheduler=True)
-    planned = sched.policy._start
+    planned = sched.policy.admission.planned_start
     early = [s for s in sched.samples if s.admitted_at < planned[s.uid]]
     assert early and all(s.true_len <= 5 for s in early)  # backfill happened, of short answers only
     assert all(s.admitted_at == planned[s.uid] for s in sched.samples if s not in early)
@@ -205,7 +205,8 @@ def test_a_big_batch_is_planned_in_coarser_ticks_before_giving_up(monkeypatch):
     coarse, sched = simulate(trace, "oracle", budget, "oracle", max_len=1024, return_scheduler=True)
     assert coarse.plan["plan_method"] == "skyline" and coarse.preemptions == 0
     assert coarse.peak_kv_tokens <= budget.tokens
-    assert math.gcd(coarse.plan["planned_steps"], *sched.policy._start.values()) > fine  # starts on coarser ticks
+    starts = sched.policy.admission.planned_start.values()
+    assert math.gcd(coarse.plan["planned_steps"], *starts) > fine  # starts on coarser ticks
     monkeypatch.setattr(skyline, "MIN_TICKS_PER_SAMPLE", skyline.TICKS_PER_SAMPLE)  # no coarser ticks allowed
     assert simulate(trace, "oracle", budget, "oracle", max_len=1024).plan["plan_method"] == "group-major"
 
@@ -227,19 +228,19 @@ def test_a_backfilled_sample_stays_off_plan_when_preempted_and_readmitted(monkey
                                                         rng.integers(10, 128, 24))))
              for g in range(3)]
     left: list[int] = []
-    leave = InfiniteSamplingPolicy._leave_plan
-    monkeypatch.setattr(InfiniteSamplingPolicy, "_leave_plan", lambda pol, s: (left.append(s.uid), leave(pol, s)))
+    leave = SkylinePacedAdmission._leave_plan
+    monkeypatch.setattr(SkylinePacedAdmission, "_leave_plan", lambda pol, s: (left.append(s.uid), leave(pol, s)))
     preempted_off_plan = 0
 
     def check(sched):
         nonlocal preempted_off_plan
-        pol = sched.policy
+        pol = sched.policy.admission
         preempted_off_plan += sum(1 for s in sched.samples if s.uid in pol._backfilled and s.preemptions
                                   and s.state.value == "waiting")
         expected = np.zeros_like(pol._planned_running)
         for s in sched.samples:
             if s.uid not in left:
-                expected[pol._start[s.uid]:pol._planned_end[s.uid]] += 1
+                expected[pol.planned_start[s.uid]:pol._planned_end[s.uid]] += 1
         assert np.array_equal(pol._planned_running, expected)
         assert pol._in_flight == sum(1 for s in sched.running if s.uid not in pol._backfilled)
 

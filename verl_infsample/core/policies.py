@@ -26,20 +26,17 @@ Every policy sees the same thing: the batch's samples once (``plan``), then, whe
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import deque
 from typing import Callable
 
 import numpy as np
 
+from .admission import Fits, PlannedOrderAdmission, SkylinePacedAdmission
 from .fptas import fptas_schedule
 from .predictor import LengthPredictor, OraclePredictor
 from .sample import Sample, SampleState
 from .skyline import Footprints, plan_skyline
-
-Fits = Callable[[Sample], bool]
 
 
 class Policy:
@@ -181,9 +178,9 @@ def chunk_groups(groups: list[int], prompt_lens: list[int], allowance: float) ->
 
 
 class InfiniteSamplingPolicy(Policy):
-    """Global plan (FPTAS over M slots; memory skyline under a KV budget), planned-order admission, then refill as
-    predictions meet reality: SJF refill of what the planned head cannot use, or, with a skyline plan, backfill of
-    samples that end before the head's planned start."""
+    """Global plan (FPTAS over M slots; memory skyline under a KV budget), admitted by the rule that fits the plan
+    (``core/admission.py``): planned order with SJF refill of what the planned head cannot use, or, with a skyline
+    plan, its planned starts with backfill of samples that end before the head's."""
 
     name = "infinite"
     uses_predictor = True
@@ -213,34 +210,20 @@ class InfiniteSamplingPolicy(Policy):
         release = np.zeros(lanes)
         held = np.array(busy[-lanes:], dtype=float)  # (under M slots at most M run)
         release[:len(held)] = held
-        self._plan([*waiting_in(self.queue), *samples], lanes, memory, release, skyline=False)
+        self._plan([*waiting_in(self._admission.queue), *samples], lanes, memory, release, skyline=False)
 
     def _plan(self, samples: list[Sample], lanes: int, memory: Footprints | None, release: np.ndarray,
               skyline: bool) -> None:
         """``plan``'s work (see there); ``release``: when each lane is free of the samples already running."""
-        self._tiebreak = itertools.count()
-        self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
-        heapq.heapify(self._shortest)
-        self._start: dict[int, int] | None = None
         if not samples:
-            self.queue = deque()
+            self._admission = PlannedOrderAdmission([], [])
             return
         predicted = np.array([s.predicted_len for s in samples], dtype=float)
         if memory is not None and skyline:
             sky = plan_skyline(predicted, np.array([s.prompt_len for s in samples]),
                                np.array([s.group for s in samples]), memory)
             if sky is not None:
-                self._start = {s.uid: int(t) for s, t in zip(samples, sky.start)}
-                self._anchor = (0, 0)  # (planned step, real step) of the latest planned admission
-                ends = sky.start + np.maximum(1, np.ceil(predicted - 1e-9)).astype(np.int64)
-                self._planned_running = np.zeros(int(ends.max()) + 1, dtype=np.int64)  # samples in flight per step
-                np.add.at(self._planned_running, sky.start, 1)
-                np.add.at(self._planned_running, ends, -1)
-                self._planned_running = np.cumsum(self._planned_running)
-                self._planned_end = {s.uid: int(e) for s, e in zip(samples, ends)}
-                self._in_flight = 0  # samples running on plan (backfilled ones are outside it)
-                self._backfilled: set[int] = set()
-                self.queue = deque(sorted(samples, key=lambda s: (self._start[s.uid], -s.predicted_len, s.uid)))
+                self._admission = SkylinePacedAdmission(samples, sky.start, predicted)
                 self._info = {"plan_method": "skyline", "plan_lanes": lanes, "planned_steps": sky.makespan,
                               "plan_pacing": sky.pacing, "plan_paced_quantile": sky.quantile}
                 return
@@ -252,13 +235,14 @@ class InfiniteSamplingPolicy(Policy):
         if memory is not None:
             order = [i for g in group_order for i in by_group[g][np.argsort(-predicted[by_group[g]], kind="stable")]]
             self._info = {"plan_method": "group-major", "plan_lanes": lanes}
-            self.queue = deque(samples[i] for i in order)
-            return
-        self._plan_lanes(samples, predicted, by_group, group_order, lanes, release)
+        else:
+            order = self._plan_lanes(samples, predicted, by_group, group_order, lanes, release)
+        self._admission = PlannedOrderAdmission([samples[i] for i in order], samples)
 
     def _plan_lanes(self, samples: list[Sample], predicted: np.ndarray, by_group: dict[int, np.ndarray],
-                    group_order: list[int], lanes: int, free: np.ndarray) -> None:
-        """The FPTAS plan over M slots, chunk by chunk; ``free``: when each lane is free of what already holds it."""
+                    group_order: list[int], lanes: int, free: np.ndarray) -> np.ndarray:
+        """The FPTAS plan over M slots, chunk by chunk: the samples' admission order (indices into ``samples``);
+        ``free``: when each lane is free of what already holds it."""
         allowance = open_prompt_allowance(lanes, float(predicted.max(initial=1.0)))
         chunks = chunk_groups(group_order, [samples[by_group[g][0]].prompt_len for g in group_order], allowance)
         members, start, chunk_of = [], [], []
@@ -274,91 +258,29 @@ class InfiniteSamplingPolicy(Policy):
             methods.add(schedule.method)
             worst = max(worst, schedule.eps_guaranteed)
         members, start, chunk_of = np.concatenate(members), np.concatenate(start), np.concatenate(chunk_of)
-        order = members[np.lexsort((chunk_of, -predicted[members], start))]  # planned start, longest first
         self._info = {"plan_method": "/".join(sorted(methods)), "plan_lanes": lanes, "plan_chunks": len(chunks),
                       "plan_eps_guaranteed": worst}
-        self.queue = deque(samples[i] for i in order)
+        return members[np.lexsort((chunk_of, -predicted[members], start))]  # planned start, longest first
 
-    def _head(self) -> Sample | None:
-        while self.queue and self.queue[0].state is not SampleState.WAITING:
-            self.queue.popleft()  # already admitted out of order by a refill
-        return self.queue[0] if self.queue else None
-
-    def _gate(self, s: Sample) -> int:
-        """The real step at which ``s`` may start: its planned gap after the latest planned admission."""
-        planned, real = self._anchor
-        return real + self._start[s.uid] - planned
-
-    def _shortest_waiting(self) -> Sample | None:
-        while self._shortest and (self._shortest[0][-1].state is not SampleState.WAITING
-                                  or self._shortest[0][0] != self._shortest[0][-1].predicted_len):
-            heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
-        return self._shortest[0][-1] if self._shortest else None
-
-    def _on_plan(self, now: int) -> bool:
-        """As many samples run as the plan has running at this point of it (with exact lengths, always); fewer or
-        more means some ended before or after their predicted length."""
-        planned, real = self._anchor
-        return self._in_flight == self._planned_running[min(planned + now - real, len(self._planned_running) - 1)]
+    @property
+    def admission(self) -> PlannedOrderAdmission:
+        """The rule admitting the current plan (``SkylinePacedAdmission`` for a skyline plan)."""
+        return self._admission
 
     def select(self, fits: Fits, now: int) -> Sample | None:
-        head = self._head()
-        if head is None:
-            return None
-        gate = None
-        if self._planned(head) and self._on_plan(now):
-            gate = self._gate(head)  # on plan: planned starts keep their gaps. Ahead of it (samples ended early)
-            # the next start comes forward; behind it (samples outran their predictions) the plan's timing no
-            # longer holds: either way, admit what fits
-        if (gate is None or now >= gate) and fits(head):
-            if self._planned(head):
-                self._anchor = (self._start[head.uid], now)
-                self._in_flight += 1
-            return self.queue.popleft()
-        s = self._shortest_waiting()
-        if s is None or not fits(s):
-            return None
-        if gate is not None and now + s.remaining_predicted() > gate:
-            return None  # it would still hold KV the head's plan counts on
-        if self._planned(s):
-            self._leave_plan(s)
-        return heapq.heappop(self._shortest)[-1]
-
-    def _planned(self, s: Sample) -> bool:
-        """``s`` follows a skyline plan (there is one, and ``s`` has not left it by backfill)."""
-        return self._start is not None and s.uid not in self._backfilled
-
-    def _leave_plan(self, s: Sample) -> None:
-        """``s`` runs now, outside the plan (backfill), and stays outside it until it finishes (also if it is
-        preempted and comes back): the plan no longer counts it at its planned steps, so the samples running on plan
-        still match the plan's count (with exact lengths: always) and the gates hold."""
-        self._planned_running[self._start[s.uid]:self._planned_end[s.uid]] -= 1
-        self._backfilled.add(s.uid)
-
-    def on_retire(self, sample: Sample) -> None:
-        if self._start is not None:
-            if sample.uid in self._backfilled:
-                self._backfilled.discard(sample.uid)
-            else:
-                self._in_flight -= 1
+        return self._admission.select(fits, now)
 
     def wake_at(self, now: int) -> int | None:
-        head = self._head()
-        if self._start is None or head is None:
-            return None
-        gate = self._gate(head)
-        return gate if gate > now else None
+        return self._admission.wake_at(now)
+
+    def on_retire(self, sample: Sample) -> None:
+        self._admission.on_retire(sample)
 
     def requeue(self, sample: Sample) -> None:
-        super().requeue(sample)
-        heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
-        if self._planned(sample):
-            self._in_flight -= 1  # (a backfilled one was never counted on plan, and stays off it)
+        self._admission.requeue(sample)
 
     def predictions_changed(self, waiting: list[Sample]) -> None:
-        """Refills follow the new predictions (an outdated heap entry is skipped when it surfaces)."""
-        for s in waiting:
-            heapq.heappush(self._shortest, (s.predicted_len, s.uid, next(self._tiebreak), s))
+        self._admission.predictions_changed(waiting)
 
     @property
     def plan_info(self) -> dict:

@@ -1,0 +1,162 @@
+"""How ``infinite``'s plan is admitted while predictions meet reality: two rules, one per kind of plan.
+
+``PlannedOrderAdmission`` admits in the plan's order and, when the head does not fit, the shortest waiting sample
+that does (SJF refill): the rule for an order without start times (the FPTAS plan over M slots, groups longest first
+under a KV budget). ``SkylinePacedAdmission`` also keeps a skyline plan's gaps between starts and lets a sample
+that ends before the head's planned start go first (backfill), so the plan's memory profile holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from .sample import Sample, SampleState
+
+Fits = Callable[[Sample], bool]  # whether a sample may start now (the capacity's answer)
+
+
+class PlannedOrderAdmission:
+    """Planned order, SJF refill of what the planned head cannot use."""
+
+    def __init__(self, order: list[Sample], samples: list[Sample]):
+        """``order``: the plan's admission order; ``samples``: the same samples in the batch's order."""
+        self.queue = deque(order)
+        self._tiebreak = itertools.count()
+        self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
+        heapq.heapify(self._shortest)
+
+    def select(self, fits: Fits, now: int) -> Sample | None:
+        """The sample to admit at decode step ``now``, or None to admit nothing more for now."""
+        head = self._head()
+        if head is None:
+            return None
+        gate = self._gate_now(head, now)
+        if (gate is None or now >= gate) and fits(head):
+            self._admitting_head(head, now)
+            return self.queue.popleft()
+        s = self._shortest_waiting()
+        if s is None or not fits(s):
+            return None
+        if gate is not None and now + s.remaining_predicted() > gate:
+            return None  # it would still hold KV the head's plan counts on
+        self._refilling(s)
+        return heapq.heappop(self._shortest)[-1]
+
+    def _gate_now(self, head: Sample, now: int) -> int | None:
+        """The step before which ``head`` may not start, or None: an order alone holds nothing back."""
+        return None
+
+    def _admitting_head(self, head: Sample, now: int) -> None:
+        """``head`` starts now, in planned order."""
+
+    def _refilling(self, s: Sample) -> None:
+        """``s`` starts now, ahead of the planned head."""
+
+    def wake_at(self, now: int) -> int | None:
+        """A later step at which ``select`` may admit even if nothing retires before (a planned start), or None."""
+        return None
+
+    def on_retire(self, sample: Sample) -> None:
+        """``sample`` finished."""
+
+    def requeue(self, sample: Sample) -> None:
+        """A preempted sample goes back to the head of the line (it has waited longest), and to the refill."""
+        self.queue.appendleft(sample)
+        heapq.heappush(self._shortest, (sample.predicted_len, sample.uid, next(self._tiebreak), sample))
+
+    def predictions_changed(self, waiting: list[Sample]) -> None:
+        """Refills follow the new predictions (an outdated heap entry is skipped when it surfaces)."""
+        for s in waiting:
+            heapq.heappush(self._shortest, (s.predicted_len, s.uid, next(self._tiebreak), s))
+
+    def _head(self) -> Sample | None:
+        while self.queue and self.queue[0].state is not SampleState.WAITING:
+            self.queue.popleft()  # already admitted out of order by a refill
+        return self.queue[0] if self.queue else None
+
+    def _shortest_waiting(self) -> Sample | None:
+        while self._shortest and (self._shortest[0][-1].state is not SampleState.WAITING
+                                  or self._shortest[0][0] != self._shortest[0][-1].predicted_len):
+            heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
+        return self._shortest[0][-1] if self._shortest else None
+
+
+class SkylinePacedAdmission(PlannedOrderAdmission):
+    """A skyline plan (``core/skyline.py``) at run time: each sample at its planned step, keeping the planned gaps
+    between starts while the samples running on plan match the plan's count; a sample that ends before the head's
+    planned start may go first (backfill), and then leaves the plan, which stops counting it at its planned steps."""
+
+    def __init__(self, samples: list[Sample], start: np.ndarray, predicted: np.ndarray):
+        """``start``: each sample's planned start step, ``predicted`` its predicted length, in ``samples``' order."""
+        self.planned_start = {s.uid: int(t) for s, t in zip(samples, start)}  # uid -> planned start step
+        self._anchor = (0, 0)  # (planned step, real step) of the latest planned admission
+        ends = start + np.maximum(1, np.ceil(predicted - 1e-9)).astype(np.int64)
+        self._planned_running = np.zeros(int(ends.max()) + 1, dtype=np.int64)  # samples in flight per step
+        np.add.at(self._planned_running, start, 1)
+        np.add.at(self._planned_running, ends, -1)
+        self._planned_running = np.cumsum(self._planned_running)
+        self._planned_end = {s.uid: int(e) for s, e in zip(samples, ends)}
+        self._in_flight = 0  # samples running on plan (backfilled ones are outside it)
+        self._backfilled: set[int] = set()
+        super().__init__(sorted(samples, key=lambda s: (self.planned_start[s.uid], -s.predicted_len, s.uid)), samples)
+
+    def _gate_now(self, head: Sample, now: int) -> int | None:
+        """On plan, planned starts keep their gaps. Ahead of it (samples ended early) the next start comes forward;
+        behind it (samples outran their predictions) the plan's timing no longer holds: either way, no gate."""
+        if self._planned(head) and self._on_plan(now):
+            return self._gate(head)
+        return None
+
+    def _admitting_head(self, head: Sample, now: int) -> None:
+        if self._planned(head):
+            self._anchor = (self.planned_start[head.uid], now)
+            self._in_flight += 1
+
+    def _refilling(self, s: Sample) -> None:
+        if self._planned(s):
+            self._leave_plan(s)
+
+    def _gate(self, s: Sample) -> int:
+        """The real step at which ``s`` may start: its planned gap after the latest planned admission."""
+        planned, real = self._anchor
+        return real + self.planned_start[s.uid] - planned
+
+    def _on_plan(self, now: int) -> bool:
+        """As many samples run as the plan has running at this point of it (with exact lengths, always); fewer or
+        more means some ended before or after their predicted length."""
+        planned, real = self._anchor
+        return self._in_flight == self._planned_running[min(planned + now - real, len(self._planned_running) - 1)]
+
+    def _planned(self, s: Sample) -> bool:
+        """``s`` follows the plan (it has not left it by backfill)."""
+        return s.uid not in self._backfilled
+
+    def _leave_plan(self, s: Sample) -> None:
+        """``s`` runs now, outside the plan (backfill), and stays outside it until it finishes (also if it is
+        preempted and comes back): the plan no longer counts it at its planned steps, so the samples running on plan
+        still match the plan's count (with exact lengths: always) and the gates hold."""
+        self._planned_running[self.planned_start[s.uid]:self._planned_end[s.uid]] -= 1
+        self._backfilled.add(s.uid)
+
+    def wake_at(self, now: int) -> int | None:
+        head = self._head()
+        if head is None:
+            return None
+        gate = self._gate(head)
+        return gate if gate > now else None
+
+    def on_retire(self, sample: Sample) -> None:
+        if sample.uid in self._backfilled:
+            self._backfilled.discard(sample.uid)
+        else:
+            self._in_flight -= 1
+
+    def requeue(self, sample: Sample) -> None:
+        super().requeue(sample)
+        if self._planned(sample):
+            self._in_flight -= 1  # (a backfilled one was never counted on plan, and stays off it)
