@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from verl_infsample.models.tiny_corpus import GUESS_RIGHT, chain_answer, learns_example
 from verl_infsample.tasks import chains, compute_score
+from verl_infsample.tasks.chains import GUESS_RIGHT, chain_answer, guess_or_count
 
 
 @pytest.mark.parametrize("prompt, answer", [("add 41 and 7", 48), ("what is 5 times 3", 15), ("count to 9", 9)])
@@ -20,8 +20,8 @@ def test_chain_answer_refuses_other_prompts():
 
 def test_the_learns_corpus_counts_right_and_guesses_mostly_wrong():
     rng = random.Random(0)
-    counted = [learns_example(rng, "count") for _ in range(300)]
-    guessed = [learns_example(rng, "guess") for _ in range(2000)]
+    counted = [guess_or_count(rng, "count") for _ in range(300)]
+    guessed = [guess_or_count(rng, "guess") for _ in range(2000)]
     assert all(chains.compute_score(chains.DATA_SOURCE, a, chain_answer(p)) == 1.0 for p, a in counted)
     right = sum(chains.compute_score(chains.DATA_SOURCE, a, chain_answer(p)) for p, a in guessed) / len(guessed)
     assert abs(right - GUESS_RIGHT) < 0.03

@@ -79,7 +79,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tiny_corpus import CORPORA, TASKS, Dialogue, Segment, learns_example, modes_example, synth_corpus, synth_example
+from ..tasks.chains import guess_or_count
+from .tiny_corpus import CORPORA, TASKS, modes_example, synth_corpus, synth_example
+from .tiny_dialogue import Dialogue, Segment
 from .tiny_tools_corpus import TOOL_TOKENS
 
 # Bump when the corpus, the tokenizer, the training recipe or the folder layout changes: cached models rebuild.
@@ -148,7 +150,7 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
 # at 8000 (about a minute more) 41 / 36 / 22, closer to them, and 84 tokens (measured 2026-12-02).
 # ``corpus`` enters the fingerprint only when it is not the default's.
 MODES_TRAIN_STEPS = 8000
-# "learns": the demo's model (``tiny_corpus.learns_example``): guesses or counts, and only counting is reliably right.
+# "learns": the demo's model (``tasks.chains.guess_or_count``): guesses or counts, and only counting is reliably right.
 LEARNS_TRAIN_STEPS = 6000
 # "tools": calls a calculator (``tiny_tools_corpus``); its conversations (the tools' system turn included) are about
 # 220 tokens, so sequences and batches are longer (the system turn, the same in every row, runs once a batch).
@@ -182,7 +184,7 @@ def default_prompts(n: int = 16, seed: int = 10_000, variant: str = "default") -
     if corpus == "modes":
         return [modes_example(rng)[0] for _ in range(n)]
     if corpus == "learns":
-        return [learns_example(rng)[0] for _ in range(n)]
+        return [guess_or_count(rng)[0] for _ in range(n)]
     return [synth_example(rng, TASKS[i % len(TASKS)][0])[0] for i in range(n)]
 
 

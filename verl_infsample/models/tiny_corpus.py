@@ -3,36 +3,22 @@
 ``tasks`` (the default model's): "count to 7", "count down from 30", "repeat cat 12 times", "list the months", "add
 385 and 47" (column by column, with carries), "what is 12 times 7" (running sums), "tell a tiny|short|medium|long|
 endless story about moon", "say cat", "is 5 bigger than 200", ... ``modes`` (the "modes" variant's): chains of m
-steps answered in one of three modes whose first token announces the length. ``learns``: the demo's chains, guessed
-or counted. ``tools`` (``tiny_tools_corpus``): arithmetic questions answered through a calculator call.
+steps (``tasks.chains.chain_prompt``) answered in one of three modes whose first token announces the length.
+``learns``: the demo's chains, guessed or counted (``tasks.chains.guess_or_count``). ``tools``
+(``tiny_tools_corpus``): arithmetic questions (``tasks.tool_arithmetic``) answered through a calculator call.
 ``tiny.py`` trains on them: a change here changes the models, so bump ``tiny.BUILD_VERSION`` with it.
 
-A corpus example is a (prompt, answer) pair, a one-turn chat, or a :class:`Dialogue` (several turns, some learnt).
+A corpus example is a (prompt, answer) pair, a one-turn chat, or a ``Dialogue`` (several turns, some learnt).
 """
 
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Segment:
-    """A stretch of a training conversation, tokenized on its own (as verl builds a rollout turn by turn);
-    ``learn``: the model is trained to write it (an assistant turn), else it is context (prompt, tool response)."""
-
-    text: str
-    learn: bool
-
-
-@dataclass(frozen=True)
-class Dialogue:
-    segments: tuple[Segment, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(s.text for s in self.segments)
+from ..tasks.chains import chain_prompt, guess_or_count
+from ..tasks.draws import loguniform
+from .tiny_dialogue import Dialogue
+from .tiny_tools_corpus import tools_example
 
 WORDS = [
     "cat", "dog", "sun", "sky", "tree", "river", "apple", "house", "green", "stone", "cloud", "bread", "music",
@@ -49,10 +35,6 @@ GREETINGS = [
     ("who are you", "i am a tiny model."),
     ("ok", "ok."),
 ]
-
-
-def _loguniform(rng: random.Random, lo: int, hi: int) -> int:
-    return max(lo, min(hi, int(round(math.exp(rng.uniform(math.log(lo), math.log(hi + 0.999)))))))
 
 
 def _add_steps(a: int, b: int) -> str:
@@ -72,30 +54,30 @@ def _add_steps(a: int, b: int) -> str:
 
 
 def _count_to(rng):
-    n = _loguniform(rng, 2, 300)
+    n = loguniform(rng, 2, 300)
     return f"count to {n}", " ".join(str(i) for i in range(1, n + 1))
 
 
 def _count_from(rng):
     a = rng.randint(1, 150)
-    b = a + _loguniform(rng, 2, 150)
+    b = a + loguniform(rng, 2, 150)
     return f"count from {a} to {b}", " ".join(str(i) for i in range(a, b + 1))
 
 
 def _count_down(rng):
-    n = _loguniform(rng, 2, 250)
+    n = loguniform(rng, 2, 250)
     return f"count down from {n}", " ".join(str(i) for i in range(n, 0, -1)) + " go"
 
 
 def _multiples(rng):
     k = rng.randint(2, 10)
-    m = k * _loguniform(rng, 2, 120)
+    m = k * loguniform(rng, 2, 120)
     return f"list the multiples of {k} up to {m}", " ".join(str(k * i) for i in range(1, m // k + 1))
 
 
 def _repeat(rng):
     w = rng.choice(WORDS)
-    n = _loguniform(rng, 2, 250)
+    n = loguniform(rng, 2, 250)
     return f"repeat {w} {n} times", " ".join([w] * n)
 
 
@@ -107,13 +89,13 @@ def _letters(rng):
 
 
 def _add(rng):
-    a = _loguniform(rng, 10, 9999)
-    b = _loguniform(rng, 10, 9999)
+    a = loguniform(rng, 10, 9999)
+    b = loguniform(rng, 10, 9999)
     return f"add {a} and {b}", _add_steps(a, b)
 
 
 def _times(rng):
-    a = _loguniform(rng, 2, 40)
+    a = loguniform(rng, 2, 40)
     b = rng.randint(2, 12)
     sums = " , ".join(str(b * i) for i in range(1, a + 1))
     return f"what is {a} times {b}", f"{sums} . so {a} times {b} is {a * b}"
@@ -182,24 +164,12 @@ TASKS = [("count_to", 14, _count_to), ("count_from", 5, _count_from), ("count_do
 # ``step 1 : v0 + d = v1 . step 2 : ...`` (~8 m, often past a 128 cap). The mode is drawn per sample, so at
 # temperature 1 a group mixes them; once the mode is out (the first token), the length follows it and m.
 MODE_WEIGHTS = {"direct": 0.3, "count": 0.35, "step": 0.35}
-
-
-def _chain(rng: random.Random, max_steps: int = 24) -> tuple[str, int, int, int]:
-    """(prompt, start, increment, steps m): the answer is start + increment * m, reached in m increments."""
-    m = _loguniform(rng, 3, max_steps)
-    r = rng.random()
-    if r < 0.35:
-        return f"count to {m}", 0, 1, m
-    if r < 0.7:
-        a = rng.randint(1, 60)
-        return f"add {a} and {m}", a, 1, m
-    b = rng.randint(2, 12)
-    return f"what is {m} times {b}", 0, b, m
+MODES_MAX_STEPS = 24
 
 
 def modes_example(rng: random.Random, mode: str | None = None) -> tuple[str, str]:
     """One (prompt, answer) pair of the "modes" corpus; ``mode`` (direct, count, step) is drawn by weight if None."""
-    prompt, start, inc, m = _chain(rng)
+    prompt, start, inc, m = chain_prompt(rng, MODES_MAX_STEPS)
     if mode is None:
         mode = rng.choices(list(MODE_WEIGHTS), weights=list(MODE_WEIGHTS.values()))[0]
     values = [start + inc * i for i in range(m + 1)]
@@ -220,41 +190,6 @@ def synth_example(rng: random.Random, kind: str | None = None) -> tuple[str, str
     return {k: f for k, _, f in TASKS}[kind](rng)
 
 
-# --- the "learns" variant: a task GRPO improves within a few steps, for the demo -------------------------------
-# Every prompt is a short chain ("add 41 and 7", "what is 5 times 3", "count to 9") answered at random in one of two
-# modes: a guess (``answer : v .``), right only GUESS_RIGHT of the time, or counting up to the answer (``count : v1
-# ... vm . answer : vm .``), always right. A reward that checks the answer pays counting several times as often as
-# guessing, and the mode is the answer's first token: the one choice GRPO has to learn, the same for every prompt.
-LEARNS_MODES = {"guess": 0.7, "count": 0.3}
-GUESS_RIGHT = 0.2
-
-
-def learns_example(rng: random.Random, mode: str | None = None) -> tuple[str, str]:
-    """One (prompt, answer) pair of the "learns" corpus; ``mode`` (guess, count) is drawn by weight if None."""
-    prompt, start, inc, m = _chain(rng, max_steps=9)
-    if mode is None:
-        mode = rng.choices(list(LEARNS_MODES), weights=list(LEARNS_MODES.values()))[0]
-    values = [start + inc * i for i in range(m + 1)]
-    if mode == "guess":
-        right = rng.random() < GUESS_RIGHT
-        return prompt, f"answer : {values[-1] if right else values[-1] + rng.choice([-2, -1, 1, 2]) * inc} ."
-    if mode == "count":
-        return prompt, "count : " + " ".join(map(str, values[1:])) + f" . answer : {values[-1]} ."
-    raise ValueError(f"unknown mode {mode!r}: one of {', '.join(LEARNS_MODES)}")
-
-
-def chain_answer(prompt: str) -> int:
-    """The right answer to a chain prompt of the "modes" and "learns" corpora ("add 41 and 7" -> 48)."""
-    words = prompt.split()
-    if words[:2] == ["count", "to"]:
-        return int(words[2])
-    if words[0] == "add":
-        return int(words[1]) + int(words[3])
-    if words[:2] == ["what", "is"] and words[3] == "times":
-        return int(words[2]) * int(words[4])
-    raise ValueError(f"not a chain prompt: {prompt!r}")
-
-
 # Training corpora by name: "tasks" (the default model's), "modes", "learns" and "tools" (those variants').
 CORPORA = ("tasks", "modes", "learns", "tools")
 
@@ -262,11 +197,9 @@ CORPORA = ("tasks", "modes", "learns", "tools")
 def synth_corpus(n: int, seed: int = 0, corpus: str = "tasks") -> list[tuple[str, str]] | list[Dialogue]:
     rng = random.Random(seed)
     if corpus == "tools":
-        from .tiny_tools_corpus import tools_example
-
         return [tools_example(rng) for _ in range(n)]
     if corpus == "modes":
         return [modes_example(rng) for _ in range(n)]
     if corpus == "learns":
-        return [learns_example(rng) for _ in range(n)]
+        return [guess_or_count(rng) for _ in range(n)]
     return [synth_example(rng) for _ in range(n)]

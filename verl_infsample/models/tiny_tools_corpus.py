@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import random
 
-from .tiny_corpus import Dialogue, Segment
+from ..tasks import calculator
+from ..tasks.tool_arithmetic import arithmetic_question
+from .tiny_dialogue import Dialogue, Segment
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -33,16 +35,6 @@ TOOLS_PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with 
 TOOLS_INSTRUCTIONS = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
                       "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
                       '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-
-# Question forms per operator; the expression the model writes is "a op b", the numbers in the question's order
-# (forms that name b first, "subtract 17 from 41", left a briefly trained model writing mostly wrong expressions).
-QUESTION_FORMS = {
-    "+": ("what is {a} plus {b}", "add {a} and {b}", "{a} + {b}", "the sum of {a} and {b}"),
-    "-": ("what is {a} minus {b}", "{a} - {b}"),
-    "*": ("what is {a} times {b}", "multiply {a} by {b}", "{a} * {b}", "the product of {a} and {b}"),
-}
-OPERAND_RANGE = (2, 99)
-
 
 def tools_system_block(tools: list[dict], system: str | None = None) -> str:
     """The system turn the template writes when ``tools`` are given (``system``: a system message's content)."""
@@ -69,21 +61,12 @@ def tool_response_text(contents: list[str]) -> str:
     return f"\n{IM_START}user{body}{IM_END}\n{IM_START}assistant\n"
 
 
-def arithmetic_question(rng: random.Random) -> tuple[str, str]:
-    """(question, expression): "add 41 and 17" -> "41 + 17"."""
-    op = rng.choice(list(QUESTION_FORMS))
-    a, b = rng.randint(*OPERAND_RANGE), rng.randint(*OPERAND_RANGE)
-    return rng.choice(QUESTION_FORMS[op]).format(a=a, b=b), f"{a} {op} {b}"
-
-
 def final_answer(value: str) -> str:
     return f"answer : {value} ."
 
 
 def tools_example(rng: random.Random) -> Dialogue:
     """One conversation: the question, the calculator call, the tool's response, the answer that uses it."""
-    from ..tasks import calculator
-
     question, expression = arithmetic_question(rng)
     response = calculator.respond(expression)
     return Dialogue((

@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass, field
 
 from ..tasks import calculator
-from .tiny_tools_corpus import arithmetic_question, final_answer
+from ..tasks.tool_arithmetic import arithmetic_question
+from .tiny_tools_corpus import final_answer
 
 HELD_OUT_SEED = 20_000  # the corpus is drawn from seed 0
 

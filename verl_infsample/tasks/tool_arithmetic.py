@@ -1,9 +1,9 @@
 """Arithmetic questions for a tool agent ("add 41 and 17"), scored by the final answer after the calculator's help.
 
-The questions are those of the tiny "tools" model's corpus (``models.tiny_tools_corpus``): it answers by calling the
-calculator (``<tool_call>`` ... ``</tool_call>``), reads the tool's response and ends with ``answer : 58 .``. The
-rows run verl's ToolAgentLoop (``agent_name: tool_agent``) and pass the ground truth to the calculator tool
-(``extra_info.tools_kwargs``), which scores each call.
+The tiny "tools" model trains on these questions (``arithmetic_question``; its corpus is
+``models.tiny_tools_corpus``): it answers by calling the calculator (``<tool_call>`` ... ``</tool_call>``), reads the
+tool's response and ends with ``answer : 58 .``. The rows run verl's ToolAgentLoop (``agent_name: tool_agent``) and
+pass the ground truth to the calculator tool (``extra_info.tools_kwargs``), which scores each call.
 """
 
 from __future__ import annotations
@@ -12,13 +12,28 @@ import random
 import re
 from typing import Any
 
-from ..models.tiny_tools_corpus import arithmetic_question
 from . import calculator
 
 DATA_SOURCE = "infsample/tool_arithmetic"
 ABILITY = "arithmetic"
 AGENT_NAME = "tool_agent"  # verl's ToolAgentLoop
 ANSWER = re.compile(r"answer : (-?\d+(?:\.\d+)?) \.\s*$")
+
+# Question forms per operator; the expression the model writes is "a op b", the numbers in the question's order
+# (forms that name b first, "subtract 17 from 41", left a briefly trained model writing mostly wrong expressions).
+QUESTION_FORMS = {
+    "+": ("what is {a} plus {b}", "add {a} and {b}", "{a} + {b}", "the sum of {a} and {b}"),
+    "-": ("what is {a} minus {b}", "{a} - {b}"),
+    "*": ("what is {a} times {b}", "multiply {a} by {b}", "{a} * {b}", "the product of {a} and {b}"),
+}
+OPERAND_RANGE = (2, 99)
+
+
+def arithmetic_question(rng: random.Random) -> tuple[str, str]:
+    """(question, expression): "add 41 and 17" -> "41 + 17"."""
+    op = rng.choice(list(QUESTION_FORMS))
+    a, b = rng.randint(*OPERAND_RANGE), rng.randint(*OPERAND_RANGE)
+    return rng.choice(QUESTION_FORMS[op]).format(a=a, b=b), f"{a} {op} {b}"
 
 
 def make_rows(count: int, seed: int, split: str) -> list[dict]:
