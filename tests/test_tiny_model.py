@@ -21,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from verl_infsample.models import tiny  # noqa: E402
+from verl_infsample.models import tiny, tiny_build, tiny_recipe, tiny_train  # noqa: E402
 
 MAX_NEW = 128
 SMALL = dict(train_steps=3, corpus_size=300)  # quick builds for the properties that do not need a trained model
@@ -104,9 +104,9 @@ def test_greedy_generate_is_deterministic(model, tok):
 def test_lean_training_forward_matches_hf(model):
     # Training uses a wrapper-free forward; it must be exactly the model transformers (and engines) will run.
     ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
-    cos, sin = tiny._rope_tables(model, 64)
+    cos, sin = tiny_train._rope_tables(model, 64)
     with torch.no_grad():
-        lean = tiny._lean_hidden(model, ids, cos, sin)
+        lean = tiny_train._lean_hidden(model, ids, cos, sin)
         ref = model.model(input_ids=ids).last_hidden_state
     torch.testing.assert_close(lean, ref, rtol=1e-5, atol=1e-5)
 
@@ -116,13 +116,13 @@ def test_shared_prefix_training_forward_matches_whole_rows(model):
     g = torch.Generator().manual_seed(1)
     prefix, suffix = torch.randint(0, model.config.vocab_size, (1, 70), generator=g), torch.randint(
         0, model.config.vocab_size, (3, 20), generator=g)
-    cos, sin = tiny._rope_tables(model, 96)
+    cos, sin = tiny_train._rope_tables(model, 96)
     with torch.no_grad():
-        whole = tiny._lean_hidden(model, torch.cat([prefix.expand(3, -1), suffix], dim=1), cos, sin)[:, 70:]
-        shared = tiny._lean_hidden_shared_prefix(model, prefix, suffix, cos, sin)
+        whole = tiny_train._lean_hidden(model, torch.cat([prefix.expand(3, -1), suffix], dim=1), cos, sin)[:, 70:]
+        shared = tiny_train._lean_hidden_shared_prefix(model, prefix, suffix, cos, sin)
     torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
     rows = [([1, 2, 3, 4, 5], [False] * 3 + [True] * 2), ([1, 2, 3, 9, 5, 6], [False] * 4 + [True] * 2)]
-    assert tiny._shared_prefix(rows) == 2  # stops before the token the first learnt one is predicted from
+    assert tiny_train._shared_prefix(rows) == 2  # stops before the token the first learnt one is predicted from
 
 
 def test_sampled_lengths_spread(model_dir, model, tok):
@@ -222,10 +222,10 @@ def test_cli_handler(tmp_path, capsys):
 
 
 def test_tiny_model_path_caches_by_fingerprint(tmp_path, monkeypatch):
-    monkeypatch.setattr(tiny, "DEFAULTS", {**tiny.DEFAULTS, **SMALL})
+    monkeypatch.setattr(tiny_recipe, "DEFAULTS", {**tiny_recipe.DEFAULTS, **SMALL})
     calls = []
-    real_build = tiny.build_tiny_model
-    monkeypatch.setattr(tiny, "build_tiny_model", lambda out, **kw: calls.append(out) or real_build(out, **kw))
+    real_build = tiny_build.build_tiny_model
+    monkeypatch.setattr(tiny_build, "build_tiny_model", lambda out, **kw: calls.append(out) or real_build(out, **kw))
 
     p1 = tiny.tiny_model_path(tmp_path)
     assert p1.parent == tmp_path and p1.name.endswith(tiny.fingerprint()[:12])
@@ -236,12 +236,12 @@ def test_tiny_model_path_caches_by_fingerprint(tmp_path, monkeypatch):
     (p1 / tiny.STAMP_FILE).unlink()  # a broken folder is rebuilt, not used
     assert tiny.tiny_model_path(tmp_path) == p1 and len(calls) == 2 and (p1 / tiny.STAMP_FILE).is_file()
 
-    monkeypatch.setattr(tiny, "DEFAULTS", {**tiny.DEFAULTS, "seed": 1})  # new defaults: a new model
+    monkeypatch.setattr(tiny_recipe, "DEFAULTS", {**tiny_recipe.DEFAULTS, "seed": 1})  # new defaults: a new model
     p2 = tiny.tiny_model_path(tmp_path)
     assert p2 != p1 and len(calls) == 3 and p1.is_dir()
 
     import threading  # callers at once (test workers): one builds, the others wait and use it
-    monkeypatch.setattr(tiny, "DEFAULTS", {**tiny.DEFAULTS, "seed": 2})
+    monkeypatch.setattr(tiny_recipe, "DEFAULTS", {**tiny_recipe.DEFAULTS, "seed": 2})
     paths = []
     workers = [threading.Thread(target=lambda: paths.append(tiny.tiny_model_path(tmp_path))) for _ in range(3)]
     for w in workers:

@@ -6,7 +6,7 @@ endless story about moon", "say cat", "is 5 bigger than 200", ... ``modes`` (the
 steps (``tasks.chains.chain_prompt``) answered in one of three modes whose first token announces the length.
 ``learns``: the demo's chains, guessed or counted (``tasks.chains.guess_or_count``). ``tools``
 (``tiny_tools_corpus``): arithmetic questions (``tasks.tool_arithmetic``) answered through a calculator call.
-``tiny.py`` trains on them: a change here changes the models, so bump ``tiny.BUILD_VERSION`` with it.
+``tiny_train`` trains on them: a change here changes the models, so bump ``tiny_recipe.BUILD_VERSION`` with it.
 
 A corpus example is a (prompt, answer) pair, a one-turn chat, or a ``Dialogue`` (several turns, some learnt).
 """

@@ -11,7 +11,7 @@ builds it turn by turn:
     answer : 58 .<|im_end|>                                                                       (learnt)
 
 The tool response is ``tasks.calculator.respond``'s text, what the real tool returns. The renderers here write the
-template by hand (as ``tiny.render_chat`` does for plain chats); the tests check them against
+template by hand (as ``tiny_tokenizer.render_chat`` does for plain chats); the tests check them against
 ``apply_chat_template(..., tools=...)`` and verl's turn-by-turn token building.
 """
 
