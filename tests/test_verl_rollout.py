@@ -120,13 +120,13 @@ def test_what_verls_vllm_path_cannot_run_on_the_cpu_is_refused_before_ray(overri
 @pytest.mark.parametrize("custom, message", [
     ({"policy": "naive"}, "custom.policy='naive': a round-based policy, which vLLM's continuous batching does not run"),
     ({"kv_budget": 4096}, "custom.kv_budget=4096: on vLLM the KV pool is vLLM's own"),
-    ({"predictor": "learned:k=8"}, "custom.predictor='learned:k=8': reads a sample's first tokens"),
 ])
 def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
     from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError, vllm_ordering
 
     assert vllm_ordering(InfiniteRolloutSettings(engine="vllm")) == "longest_first"
     assert vllm_ordering(InfiniteRolloutSettings(engine="vllm", policy="plain")) == "arrival"
+    assert vllm_ordering(InfiniteRolloutSettings(engine="vllm", predictor="learned:k=8")) == "longest_first"  # probes
     with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
         vllm_ordering(InfiniteRolloutSettings(engine="vllm", **custom))
 

@@ -7,8 +7,13 @@ So the plan needs no loop of its own there: each request's priority says where i
 - ``arrival``: every request the same priority, vLLM's first-come first-served (verl's own vLLM rollout).
 - ``group``: a group's samples together, groups in the order they first arrive: a group's samples run side by side
   on its prompt's cached blocks, and preemption, when KV runs short, takes the newest group's samples.
-- ``longest_first``: groups by predicted length, longest first (ties by arrival), each group's samples together: the
-  long samples start early, so the step does not end waiting for one that started late (LPT for the makespan).
+- ``longest_first``: by predicted length, longest first (ties by their group's arrival): the long samples start
+  early, so the step does not end waiting for one that started late (LPT for the makespan). A group's samples share
+  their group's prediction until each has one of its own (after its probe), and then run in that order.
+
+A *probe* (a sample's first tokens, decoded so that its own prediction exists before its tail is scheduled) comes
+before every planned request: the probes of a step run first, in the plan's order, and what they reveal orders the
+rest.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass, field
 ORDERINGS = ("arrival", "group", "longest_first")
 GROUP_SPAN = 1 << 16  # priorities of one predicted length leave room for this many groups of a step
 CALLER_SPAN = 1 << 24  # a caller's own priority (verl's: the sample's batch position) breaks ties below the plan
+LENGTH_CAP = 1 << 20  # predicted lengths are capped here: plans span [-LENGTH_CAP * GROUP_SPAN, GROUP_SPAN)
+PROBE_OFFSET = (LENGTH_CAP + 1) * GROUP_SPAN  # probes' plans lie below every other plan
 
 
 @dataclass
@@ -37,11 +44,18 @@ class StepPriorities:
         """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first).
         ``caller``, the priority its sender gave it (verl's agent loop numbers a batch's samples 0, 1, ...), orders
         requests the plan ranks equal. Fits vLLM's int64 for lengths below 2**20 tokens."""
+        return self._plan(group, predicted_len) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
+
+    def probe(self, group: str, predicted_len: float, caller: int = 0) -> int:
+        """The priority of a probe of ``group``: before every request :meth:`of` ranks, in the same order among
+        probes."""
+        return (self._plan(group, predicted_len) - PROBE_OFFSET) * CALLER_SPAN + min(max(int(caller), 0),
+                                                                                   CALLER_SPAN - 1)
+
+    def _plan(self, group: str, predicted_len: float) -> int:
         ordinal = self._ordinal.setdefault(group, len(self._ordinal))
         if self.ordering == "arrival":
-            plan = 0
-        elif self.ordering == "group":
-            plan = ordinal
-        else:
-            plan = ordinal % GROUP_SPAN - min(round(predicted_len), 1 << 20) * GROUP_SPAN
-        return plan * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
+            return 0
+        if self.ordering == "group":
+            return ordinal
+        return ordinal % GROUP_SPAN - min(max(round(predicted_len), 0), LENGTH_CAP) * GROUP_SPAN

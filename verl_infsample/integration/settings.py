@@ -27,7 +27,8 @@ class InfiniteRolloutSettings:
     policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs; on vllm it sets that)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
-    predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned)
+    predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned;
+    # on vLLM it probes each sample's first K tokens)
     fptas_eps: float = 0.02
     block_size: int = 16  # tokens per KV block of the transformers engine's paged store (vllm: its own block size)
     dtype: str = "auto"  # transformers engine: auto (rollout.dtype on a GPU, float32 on the CPU) | float32 | bfloat16 | float16
@@ -98,10 +99,6 @@ def vllm_ordering(settings: InfiniteRolloutSettings) -> str:
     if settings.policy not in VLLM_ORDERING:
         raise SettingsError(f"{PREFIX}.policy={settings.policy!r}: a round-based policy, which vLLM's continuous "
                             f"batching does not run; on vLLM choose one of: {', '.join(VLLM_ORDERING)} (or "
-                            f"{PREFIX}.engine=transformers)")
-    if settings.predictor.startswith("learned"):
-        raise SettingsError(f"{PREFIX}.predictor={settings.predictor!r}: reads a sample's first tokens, and vLLM "
-                            "orders a request once, when it arrives; on vLLM choose history or none (or "
                             f"{PREFIX}.engine=transformers)")
     if settings.kv_budget is not None:
         raise SettingsError(f"{PREFIX}.kv_budget={settings.kv_budget}: on vLLM the KV pool is vLLM's own; size it "

@@ -542,7 +542,8 @@ class InfiniteServer:
 # How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
 # steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
 _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/joined", "infsample/total_tokens",
-        "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens")
+        "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens",
+        "infsample/probes", "infsample/probe_continuations", "infsample/probe_skipped")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size")
 

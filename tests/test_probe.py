@@ -1,0 +1,87 @@
+"""A sample decoded as its probe and its rest (``integration.rollout.probe``, ``vllm_order``): which requests may be
+split, how their parameters split, how verl gets one response back, and where probes and rests stand in the plan."""
+
+import pytest
+
+from verl_infsample.core.priority import StepPriorities
+from verl_infsample.core.predictor import HistoryPredictor
+from verl_infsample.integration.rollout import probe
+from verl_infsample.integration.rollout.vllm_order import VLLMRequestOrder
+from verl_infsample.predict import make_predictor
+from verl_infsample.predict.features import TokenWindow
+
+VERL_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+@pytest.mark.parametrize("params, context, why", [
+    (VERL_DEFAULTS, {}, None),
+    ({**VERL_DEFAULTS, "min_tokens": 3, "stop_token_ids": [7], "presence_penalty": 0.0, "stop": []}, {}, None),
+    ({**VERL_DEFAULTS, "seed": 7}, {}, "seed"),
+    (VERL_DEFAULTS, {"seeded": True}, "seed"),
+    ({**VERL_DEFAULTS, "presence_penalty": 0.5}, {}, "presence_penalty"),
+    ({**VERL_DEFAULTS, "frequency_penalty": 0.1}, {}, "frequency_penalty"),
+    ({**VERL_DEFAULTS, "stop": ["\n\n"]}, {}, "stop"),
+    ({**VERL_DEFAULTS, "structured_outputs": {"json": {}}}, {}, "structured_outputs"),
+    (VERL_DEFAULTS, {"multimodal": True}, "multimodal input"),
+    (VERL_DEFAULTS, {"routed_experts": True}, "rollout routing replay"),
+    (VERL_DEFAULTS, {"kv_transfer": True}, "kv transfer"),
+])
+def test_only_requests_whose_parameters_mean_the_same_split_are_probed(params, context, why):
+    assert probe.probe_refusal(params, **context) == why
+
+
+def test_the_probe_and_the_rest_share_the_budget_and_min_tokens():
+    head, rest = probe.split_params({**VERL_DEFAULTS, "max_tokens": 100, "min_tokens": 20}, 100, 16)
+    assert head["max_tokens"] == 16 and rest["max_tokens"] == 84
+    assert head["min_tokens"] == 16 and rest["min_tokens"] == 4  # no stop before the 20th token of the sample
+    head, rest = probe.split_params({**VERL_DEFAULTS, "max_new_tokens": 50, "min_tokens": 5}, 50, 16)
+    assert "max_new_tokens" not in head and head["min_tokens"] == 5 and "min_tokens" not in rest
+    assert head["temperature"] == rest["temperature"] == 1.0 and head["logprobs"] is rest["logprobs"] is True
+
+
+def test_verl_gets_one_response_tokens_logprobs_and_preemptions_of_both():
+    from verl.workers.rollout.replica import TokenOutput
+
+    head = TokenOutput(token_ids=[1, 2], log_probs=[-0.1, -0.2], stop_reason="completed", num_preempted=1,
+                       extra_fields={"num_cached_tokens": 32, "global_steps": 3})
+    rest = TokenOutput(token_ids=[3], log_probs=[-0.3], stop_reason="completed", num_preempted=0,
+                       extra_fields={"num_cached_tokens": 48, "global_steps": 3})
+    out = probe.join(head, rest)
+    assert out.token_ids == [1, 2, 3] and out.log_probs == [-0.1, -0.2, -0.3] and out.num_preempted == 1
+    assert out.stop_reason == "completed" and out.extra_fields == {"num_cached_tokens": 32, "global_steps": 3}
+    aborted = probe.join(head, rest.model_copy(update={"stop_reason": "aborted", "log_probs": None}))
+    assert aborted.stop_reason == "aborted" and aborted.token_ids == [1, 2, 3] and aborted.log_probs is None
+
+
+def test_every_probe_runs_before_every_planned_request_in_the_plans_order():
+    p = StepPriorities("longest_first")
+    probes = [p.probe("short", 10), p.probe("long", 5000)]
+    planned = [p.of("short", 10), p.of("long", 10 ** 9)]
+    assert max(probes) < min(planned)
+    assert probes[1] < probes[0]  # among probes too, the longest predicted group first
+    assert -(1 << 63) <= p.probe("x", 10 ** 9, caller=10 ** 12) < (1 << 63)
+
+
+def test_a_token_reading_predictor_probes_and_its_opening_reorders_the_rest():
+    """learned:k=4 probes 4 tokens; once trained, two samples of one prompt whose openings differ get priorities
+    of their own, the one whose opening led to long answers first. history does not probe."""
+    assert VLLMRequestOrder("longest_first", HistoryPredictor(max_len=64)).probe_tokens == 0
+    order = VLLMRequestOrder("longest_first", make_predictor("learned:k=4,min=4", max_len=64))
+    assert order.probe_tokens == 4
+    prompt = [5, 6, 7, 8]
+    long_opening, short_opening = [9, 9, 9, 9], [1, 2, 3, 4]
+    for step in range(30):  # the policy: a sample opening with 9s runs 60 tokens, otherwise 6
+        order.new_step()
+        for opening, length in ((long_opening, 60), (short_opening, 6)):
+            r = order.arrive(prompt, group_size=2, max_tokens=64)
+            assert r.probe
+            order.after_probe(r, TokenWindow(opening))
+            order.finished(r, length)
+    order.new_step()
+    a, b = (order.arrive(prompt, group_size=2, max_tokens=64) for _ in range(2))
+    assert a.priority == b.priority  # before their probes the plan knows only their prompt
+    short_rest = order.after_probe(a, TokenWindow(short_opening))
+    long_rest = order.after_probe(b, TokenWindow(long_opening))
+    assert long_rest < short_rest  # the sample predicted longer runs its rest first
+    assert not order.arrive(prompt, max_tokens=4).probe  # a request no longer than the probe runs whole
+    assert not order.arrive(prompt, max_tokens=64, may_probe=False).probe
