@@ -5,7 +5,11 @@ prompts' first visit; step 1: their revisit, the predictors having seen step 0),
 preemptions are vLLM's scheduler's (exact); seconds are the cost model's (modeled).
 
     python scripts/replay_table.py [--replicas 1,8] [--n 16,64] [--caps 4096,16384] [--pools ample,tight]
-        [--samples-per-replica 1024] [--seed 101] [--json | --markdown]
+        [--samples-per-replica 1024] [--predictors history] [--seed 101] [--json | --markdown]
+
+``--predictors``: ``infinite`` runs once per predictor (``noisy:SIGMA`` stands in for a token-conditioned predictor
+of that log-error, revealed after each sample's probe of ``--probe-tokens``); ``gap_closed``: the share of the
+engine steps between verl's ``vllm`` and ``oracle`` that it saves.
 
 ``--pools``: ample = ``--gpu-memory-utilization 0.9``, tight = 0.5 (verl's default). Prompts per step are chosen so
 each replica gets ``--samples-per-replica`` samples (a queue of that over ``max_num_seqs`` = 256).
@@ -35,8 +39,9 @@ def main(argv=None) -> int:
     p.add_argument("--pools", default="ample,tight")
     p.add_argument("--samples-per-replica", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--predictor", default="history")
-    p.add_argument("--router", default="group_affinity", help="infinite's router: group_affinity or verl")
+    p.add_argument("--predictors", default="history", help="comma-separated: infinite runs once per predictor")
+    p.add_argument("--probe-tokens", type=int, default=16)
+    p.add_argument("--router", default="verl", help="infinite's router: verl (the product's on vLLM) or group_affinity")
     p.add_argument("--backends", default="vllm,infinite,oracle,transformers")
     p.add_argument("--seed", type=int, default=101)
     p.add_argument("--json", action="store_true")
@@ -45,28 +50,41 @@ def main(argv=None) -> int:
     grid = [(int(r), int(n), int(c), pool) for r in args.replicas.split(",") for n in args.n.split(",")
             for c in args.caps.split(",") for pool in args.pools.split(",")]
     rows = []
+    predictors = args.predictors.split(",")
+    backends = args.backends.split(",")
     for replicas, n, cap, pool in progress(grid, "replay grid"):
         prompts = max(1, replicas * args.samples_per_replica // n)
         trace = synth_rl_trace(prompts, n, cap, steps=2, seed=args.seed)
-        config = ReplayConfig(gpu=args.gpu, model=args.model, replicas=replicas,
-                              gpu_memory_utilization=POOLS[pool], max_num_seqs=args.max_num_seqs,
-                              predictor=args.predictor, router=args.router, seed=args.seed,
-                              backends=tuple(args.backends.split(",")))
+        runs = [(tuple(b for b in backends if b != "infinite"), predictors[0])]
+        runs += [(("infinite",), pred) for pred in predictors if "infinite" in backends]
+        out = []
         t = time.perf_counter()
-        out, _ = replay(trace, config)
+        for run_backends, predictor in runs:
+            config = ReplayConfig(gpu=args.gpu, model=args.model, replicas=replicas,
+                                  gpu_memory_utilization=POOLS[pool], max_num_seqs=args.max_num_seqs,
+                                  predictor=predictor, router=args.router, seed=args.seed,
+                                  probe_tokens=args.probe_tokens, backends=run_backends)
+            out += replay(trace, config)[0]
         wall = time.perf_counter() - t
         base = {r.step: r for r in out if r.backend == "vllm"}
+        best = {r.step: r for r in out if r.backend == "oracle"}
+        cell = []
         for r in out:
-            v = base[r.step]
-            rows.append({"replicas": replicas, "n": n, "prompts": prompts, "cap": cap, "pool": pool,
+            v, o = base[r.step], best.get(r.step)
+            label = f"infinite ({r.predictor})" if r.backend == "infinite" and len(predictors) > 1 else r.backend
+            gap = v.engine_steps - o.engine_steps if o else 0
+            cell.append({"replicas": replicas, "n": n, "prompts": prompts, "cap": cap, "pool": pool,
                          "kv_blocks": r.kv_blocks, "visit": "first" if r.step == 0 else "revisit",
-                         "backend": r.backend, "engine_steps": r.engine_steps,
-                         "lower_bound_steps": r.lower_bound_steps, "steps_vs_vllm": round(r.engine_steps /
-                                                                                           v.engine_steps, 3),
+                         "backend": label, "engine_steps": r.engine_steps,
+                         "lower_bound_steps": r.lower_bound_steps,
+                         "steps_vs_vllm": round(r.engine_steps / v.engine_steps, 3),
                          "model_s": r.model_s, "time_vs_vllm": round(r.model_s / v.model_s, 3),
+                         "gap_closed": round((v.engine_steps - r.engine_steps) / gap, 2) if gap > 0 else None,
                          "preemptions": r.preemptions, "recomputed_tokens": r.recomputed_tokens,
-                         "mean_running": r.mean_running, "replay_wall_s": round(wall, 1)})
-        print(json.dumps(rows[-len(out):]), file=sys.stderr, flush=True)
+                         "probes": r.probes, "mean_running": r.mean_running, "replay_wall_s": round(wall, 1)})
+        cell.sort(key=lambda r: r["visit"] != "first")
+        rows += cell
+        print(json.dumps(cell), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
     elif args.markdown:
@@ -79,7 +97,7 @@ def main(argv=None) -> int:
 def markdown(rows: list[dict]) -> str:
     """One row per setting and visit: verl's ``vllm`` in engine steps and modeled seconds, every other backend as
     its ratio to it (steps / seconds)."""
-    others = [b for b in ("infinite", "oracle", "transformers") if any(r["backend"] == b for r in rows)]
+    others = list(dict.fromkeys(r["backend"] for r in rows if r["backend"] != "vllm"))
     head = ["replicas", "n", "cap", "KV pool (blocks)", "visit", "vllm steps", "vllm s (modeled)",
             *[f"{b} steps / s vs vllm" for b in others]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

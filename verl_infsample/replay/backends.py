@@ -7,11 +7,16 @@ priority. What each does is the real code's doing, called here, not re-told:
   ``GlobalRequestLoadBalancer`` sends each to the replica with the fewest requests in flight; vLLM runs verl's
   default ``scheduling_policy=fcfs``.
 - ``infinite``: ``rollout.name=infinite`` on vLLM. The same agent loop and arrival order (verl forwards no priority
-  for another rollout name); our ``GroupAffinityRouter`` places each group whole, largest predicted work first;
-  each replica's server orders its requests by ``VLLMRequestOrder`` (the plan's priorities from its own predictor,
-  which learns from the samples that replica finished) under ``scheduling_policy=priority``.
-- ``oracle``: the ``infinite`` mechanism told each sample's true length (router and priorities): what it would do
-  with exact predictions.
+  for another rollout name) and verl's router, as the shipped config has it on vLLM (``router="group_affinity"``:
+  our ``GroupAffinityRouter``, each group whole, largest predicted work first); each replica's server orders its
+  requests by ``VLLMRequestOrder`` (the plan's priorities from its own predictor, which learns from the samples that
+  replica finished) under ``scheduling_policy=priority``. With a trace's per-sample prediction (``noisy:SIGMA``)
+  each sample runs as the server runs it with a token-reading predictor: a probe of ``probe_tokens``, after which
+  its prediction is known (``revealed``), then its rest at that prediction's place. A rest's priority is computed
+  when the step is routed, from what the predictor knew then and the sample's own prediction (a live server also
+  hears of siblings that finish during the step).
+- ``oracle``: the ``infinite`` mechanism told each sample's true length at submission (router and priorities, no
+  probe): what it would do with exact predictions.
 - ``transformers``: ``custom.engine=transformers``, our own engine (``transformers_engine``): ``infinite``'s router,
   then the core scheduler on each replica under the same KV pool and cost model.
 
@@ -32,7 +37,7 @@ from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
 BACKENDS = ("vllm", "infinite", "oracle", "transformers")
-ROUTERS = ("group_affinity", "verl")  # infinite's router: ours (groups whole, by predicted work), or verl's own
+ROUTERS = ("verl", "group_affinity")  # infinite's router: verl's own (the product's on vLLM), or ours
 
 
 @dataclass(frozen=True)
@@ -106,18 +111,26 @@ class InfiniteBackend:
     scheduling_policy = "priority"
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
-                 seed: int = 0, oracle: bool = False, router: str = "group_affinity"):
+                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0):
         from ..integration.rollout.vllm_order import VLLMRequestOrder
         from ..predict import make_predictor
+        from .revealed import RevealedByProbe
 
         self.name = "oracle" if oracle else "infinite"
         self.predictor = "oracle" if oracle else predictor
         self.replicas = replicas
         self.oracle = oracle
         self.knows_truth = oracle or predictor.startswith(("oracle", "noisy"))
-        self.orders = [VLLMRequestOrder(ordering, make_predictor(self.predictor, seed=seed,
-                                                                 max_len=max_response_length))
-                       for _ in range(replicas)]
+        self.max_response_length = max_response_length
+
+        def predictor_of_replica():
+            p = make_predictor(self.predictor, seed=seed, max_len=max_response_length)
+            if self.knows_truth and not oracle and probe_tokens:  # the trace's prediction, after the probe
+                p = RevealedByProbe(p, probe_tokens, max_response_length)
+            return p
+
+        self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
+        self._requests: dict[str, object] = {}  # request id -> its OrderedRequest, until it finishes
         if router not in ROUTERS:
             raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
         self.router_name = router
@@ -142,12 +155,29 @@ class InfiniteBackend:
             placed = [where[s.request_id] for s in arrivals]
         else:
             placed = asyncio.run(self._acquire_all(arrivals))
+        sizes: dict[str, int] = {}
+        for s in arrivals:
+            sizes[s.prompt_id] = sizes.get(s.prompt_id, 0) + 1
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         for s, replica in zip(arrivals, placed):
-            sample = Sample(s.uid, s.uid, 0, len(s.prompt_tokens), true_len=s.length) if self.knows_truth else None
-            priority = self.orders[replica].priority(s.prompt_tokens, sample=sample)
-            out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=priority))
+            out[replica].append(self._request(self.orders[replica], s, sizes[s.prompt_id]))
         return out
+
+    def _request(self, order, s: StepSample, group_size: int) -> ReplayRequest:
+        """``s`` as its replica's server sends it to vLLM: whole, or its probe with its rest at the priority the probe
+        gives it (``VLLMRequestOrder``, the server's own)."""
+        from ..predict.features import TokenWindow
+
+        request = order.arrive(s.prompt_tokens, group_size=group_size, uid=s.uid,
+                               true_len=s.length if self.knows_truth else None, max_tokens=self.max_response_length)
+        self._requests[s.request_id] = request
+        k = order.probe_tokens
+        if not request.probe or s.length <= k:  # whole, or ended within its probe
+            return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority)
+        probe_priority = request.priority
+        rest_priority = order.after_probe(request, TokenWindow((0,) * k))
+        return ReplayRequest(f"{s.request_id}-probe", s.prompt_tokens, k, priority=probe_priority,
+                             rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority))
 
     async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
         """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst
@@ -162,7 +192,7 @@ class InfiniteBackend:
         for replica, done in enumerate(finished):
             lengths = []
             for s, length in done:
-                lengths.append((self.orders[replica].finished(s.prompt_tokens, length), length))
+                lengths.append((self.orders[replica].finished(self._requests.pop(s.request_id), length), length))
                 self.router.release_server(f"replica{replica}", s.request_id)
             self.router.observe_lengths(lengths)
 
@@ -183,17 +213,18 @@ class TransformersBackend(InfiniteBackend):
         """The core scheduler's predictor learned each length as it finished; the router hears of them."""
         for replica, done in enumerate(finished):
             for s, _ in done:
+                self._requests.pop(s.request_id, None)
                 self.router.release_server(f"replica{replica}", s.request_id)
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), length) for s, length in done])
 
 
 def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
-                 router: str = "group_affinity"):
+                 router: str = "group_affinity", probe_tokens: int = 0):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
     if name in ("infinite", "oracle"):
         return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
-                               router=router)
+                               router=router, probe_tokens=probe_tokens)
     if name == "transformers":
         return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

@@ -11,7 +11,7 @@ from .hardware import GPUS, MODELS, Calibration
 
 TABLE_COLUMNS = ["backend", "predictor", "step", "samples", "engine_steps", "lower_bound_steps", "steps_vs_vllm",
                  "model_s", "time_vs_vllm", "preemptions", "recomputed_tokens", "prefix_hit_tokens",
-                 "peak_kv_blocks", "mean_running"]
+                 "probes", "probe_prefill_tokens", "peak_kv_blocks", "mean_running"]
 
 
 def add_replay_parser(sub) -> None:
@@ -34,9 +34,13 @@ def add_replay_parser(sub) -> None:
                    help=f"backends to replay (repeat or comma-separate; default: all of {', '.join(BACKENDS)})")
     p.add_argument("--predictor", default="history",
                    help="infinite's predictor: history (the product's) | none | noisy:SIGMA | oracle")
-    p.add_argument("--router", default="group_affinity", choices=["group_affinity", "verl"],
-                   help="infinite's router: ours (rollout.router_config_path: groups whole, by predicted work) or "
-                        "verl's own (requests spread by requests in flight)")
+    p.add_argument("--probe-tokens", type=int, default=16,
+                   help="with noisy:SIGMA or oracle, infinite probes each sample's first K tokens and learns its "
+                        "prediction then, as the product's learned predictor does on vLLM (0: predictions at "
+                        "submission, no probe)")
+    p.add_argument("--router", default="verl", choices=["group_affinity", "verl"],
+                   help="infinite's router: verl's own (requests spread by requests in flight; what "
+                        "rollout.name=infinite uses on vLLM) or ours (groups whole, by predicted work)")
     p.add_argument("--calibration", help="JSON file of the cost model's efficiencies and overheads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="processes replaying replicas side by side")
@@ -61,7 +65,7 @@ def cmd_replay(args) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, max_response_length=args.max_response_length,
         agent_workers=args.agent_workers, backends=backends, predictor=args.predictor, router=args.router,
-        seed=args.seed,
+        probe_tokens=args.probe_tokens, seed=args.seed,
         calibration=Calibration.from_file(args.calibration) if args.calibration else Calibration(),
         workers=args.workers, keep_timeline=bool(args.plot))
     config.check()

@@ -37,7 +37,8 @@ class ReplayConfig:
     agent_workers: int = 8  # verl's rollout.agent.num_workers
     backends: tuple[str, ...] = BACKENDS
     predictor: str = "history"
-    router: str = "group_affinity"  # infinite's and oracle's: rollout.router_config_path's router, or "verl"
+    router: str = "verl"  # infinite's and oracle's: verl's own (the product's on vLLM), or "group_affinity" (ours)
+    probe_tokens: int = 16  # infinite with a trace's prediction (noisy, oracle): it is revealed after this probe
     seed: int = 0
     calibration: Calibration = field(default_factory=Calibration)
     workers: int = 2  # processes replaying replicas side by side
@@ -51,6 +52,8 @@ class ReplayConfig:
             bad("gpu", f"unknown {self.gpu!r}; choose from {', '.join(GPUS)}")
         if self.model not in MODELS:
             bad("model", f"unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        if self.probe_tokens < 0:
+            bad("probe_tokens", f"must be >= 0 (0: predictions at submission, no probe), got {self.probe_tokens}")
         for key in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "agent_workers",
                     "workers"):
             if getattr(self, key) < 1:
@@ -99,6 +102,8 @@ class StepRow:
     recomputed_tokens: int
     computed_tokens: int
     prefix_hit_tokens: int
+    probes: int  # samples run as a probe and its rest
+    probe_prefill_tokens: int  # the rests' prompt tokens not served from the prefix cache (in computed_tokens)
     peak_kv_blocks: int  # the fullest replica's
     kv_blocks: int  # per replica
     mean_running: float  # rows per engine step, over replicas
@@ -151,7 +156,7 @@ def _simulate_replica(backend, replica: int, config: ReplayConfig, requests: lis
 
 
 def _max_model_len(requests: list[ReplayRequest]) -> int:
-    return max((len(r.prompt_tokens) + r.length for r in requests), default=16)
+    return max((len(r.prompt_tokens) + r.length + (r.rest.length if r.rest else 0) for r in requests), default=16)
 
 
 def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
@@ -161,8 +166,8 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
     model = MODELS[config.model]
     _check_pool(trace, config, cap)
-    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router)
-                for b in config.backends]
+    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
+                             config.probe_tokens) for b in config.backends]
     rows, timelines = [], {}
     with _replica_pool(min(config.workers, config.replicas * len(backends))) as pool:
         for step_index, prompts in enumerate(rollout_steps(trace)):
@@ -208,6 +213,8 @@ def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_
         recomputed_tokens=sum(r.recomputed_tokens for r in per_replica),
         computed_tokens=sum(r.computed_tokens for r in per_replica),
         prefix_hit_tokens=sum(r.prefix_hit_tokens for r in per_replica),
+        probes=sum(r.probes for r in per_replica),
+        probe_prefill_tokens=sum(r.probe_prefill_tokens for r in per_replica),
         peak_kv_blocks=max(r.peak_kv_blocks for r in per_replica), kv_blocks=config.pool_blocks(),
         mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
         replica_steps=[r.engine_steps for r in per_replica])

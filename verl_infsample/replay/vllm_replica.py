@@ -47,12 +47,14 @@ class ReplicaSetup:
 
 @dataclass(frozen=True)
 class ReplayRequest:
-    """One sample as its replica's vLLM receives it, in arrival order."""
+    """One sample as its replica's vLLM receives it, in arrival order. A probed sample is its probe, whose ``rest``
+    is submitted when the probe ends, its prompt the probe's prompt and tokens (``rest.prompt_tokens`` unused)."""
 
     request_id: str
     prompt_tokens: tuple[int, ...]
-    length: int  # tokens it generates (its trace length)
+    length: int  # tokens it generates (its trace length; a probe's: its probe tokens)
     priority: int = 0
+    rest: "ReplayRequest | None" = None
 
 
 @dataclass
@@ -68,7 +70,9 @@ class ReplicaResult:
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache (readmissions after preemption too)
     peak_kv_blocks: int = 0
     running_step_sum: int = 0  # sum over steps of the rows scheduled: mean_running = this / engine_steps
-    finished: list[tuple[str, int]] = field(default_factory=list)  # (request id, length) in finishing order
+    probes: int = 0  # samples that ran as a probe and its rest
+    probe_prefill_tokens: int = 0  # the rests' prompt tokens not served from the prefix cache: a probe's cost
+    finished: list[tuple[str, int]] = field(default_factory=list)  # (sample's request id, length) in finishing order
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (model_s at a step's start, rows running)
 
 
@@ -132,35 +136,61 @@ class ReplicaReplay:
         self.scheduler = build_scheduler(model_dir, setup)
 
     def run(self, requests: list[ReplayRequest]) -> ReplicaResult:
-        """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish."""
-        from vllm import SamplingParams
+        """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish (a probe's rest goes in as
+        its probe ends)."""
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.request import Request
 
         s = self.scheduler
         init_none_hash(sha256)
-        hasher = get_request_block_hasher(self.setup.block_size, sha256)
+        self._hasher = get_request_block_hasher(self.setup.block_size, sha256)
         self._check_fits(requests)
         res = ReplicaResult()
         self._tokens: dict[str, tuple[int, int]] = {}
         self._first_hit: dict[str, int] = {}
         self._admission_blocked = False
-        self._lengths = lengths = {}
-        for i, r in enumerate(requests):
-            params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0)
-            s.add_request(Request(r.request_id, list(r.prompt_tokens), params, None, arrival_time=float(i),
-                                  priority=r.priority, block_hasher=hasher))
-            rng = np.random.default_rng(i)
-            self._tokens[r.request_id] = (int(rng.integers(self.vocab)), int(rng.integers(1, self.vocab)))
-            lengths[r.request_id] = (len(r.prompt_tokens), r.length)
+        self._lengths: dict[str, tuple[int, int]] = {}
+        self._pending: dict[str, tuple[ReplayRequest, str, int]] = {}  # probe id -> (itself, its sample, offset)
+        self._rests: set[str] = set()
+        for r in requests:  # a probe's sample goes by its rest's id (the sample's own)
+            self._submit(r, r.rest.request_id if r.rest is not None else r.request_id, 0)
         while s.has_unfinished_requests():
             self._step(res)
             if self.fast_forward:
                 self._skip_decode_stretch(res)
         res.recomputed_tokens = res.computed_tokens - sum(
-            p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in lengths.items())
+            p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in self._lengths.items())
+        res.probe_prefill_tokens = sum(self._lengths[rid][0] - self._first_hit.get(rid, 0) for rid in self._rests)
         return res
+
+    def _submit(self, r: ReplayRequest, sample_id: str, offset: int) -> None:
+        """Hand ``r`` to vLLM (arrival times 0, 1, ... in submission order); ``offset``: tokens its sample generated
+        before it (a rest's probe)."""
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        i = len(self._tokens)
+        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0)
+        self.scheduler.add_request(Request(r.request_id, list(r.prompt_tokens), params, None, arrival_time=float(i),
+                                           priority=r.priority, block_hasher=self._hasher))
+        rng = np.random.default_rng(i)
+        self._tokens[r.request_id] = (int(rng.integers(self.vocab)), int(rng.integers(1, self.vocab)))
+        self._lengths[r.request_id] = (len(r.prompt_tokens), r.length)
+        self._pending[r.request_id] = (r, sample_id, offset)
+
+    def _finish(self, rid: str, res: ReplicaResult) -> None:
+        """``rid`` finished: its sample is done, or (a probe) its rest goes in."""
+        r, sample_id, offset = self._pending.pop(rid)
+        if r.rest is None:
+            res.finished.append((sample_id, offset + r.length))
+            return
+        res.probes += 1
+        output = tuple(self._token(rid, j) for j in range(r.length))
+        rest = ReplayRequest(r.rest.request_id, tuple(r.prompt_tokens) + output, r.rest.length, r.rest.priority,
+                             r.rest.rest)
+        self._check_fits([rest])
+        self._rests.add(rest.request_id)
+        self._submit(rest, sample_id, offset + r.length)
 
     # --- one engine step, as vLLM's EngineCore.step runs it --------------------------------------------------------
     def _step(self, res: ReplicaResult) -> None:
@@ -200,7 +230,7 @@ class ReplicaReplay:
                 res.prefix_hit_tokens += int(eco.scheduler_stats.prefix_cache_stats.hits)
             for o in eco.outputs:
                 if o.finish_reason is not None:
-                    res.finished.append((o.request_id, self._lengths[o.request_id][1]))
+                    self._finish(o.request_id, res)
                     finished += 1
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
         # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
@@ -265,12 +295,13 @@ class ReplicaReplay:
         preempt it forever. Refuse it up front."""
         usable = self.setup.num_blocks - 1
         for r in requests:
-            need = -(-(len(r.prompt_tokens) + r.length) // self.setup.block_size)
+            total = r.length + (r.rest.length if r.rest is not None else 0)
+            need = -(-(len(r.prompt_tokens) + total) // self.setup.block_size)
             if need > usable:
                 raise ReplayError(
-                    f"request {r.request_id} needs {need} KV blocks ({len(r.prompt_tokens)} prompt + {r.length} "
+                    f"request {r.request_id} needs {need} KV blocks ({len(r.prompt_tokens)} prompt + {total} "
                     f"response tokens, {self.setup.block_size} a block) but a replica's pool has {usable}: raise "
                     "--num-blocks or --gpu-memory-utilization, or lower --max-response-length")
-            if len(r.prompt_tokens) + r.length > self.setup.max_model_len:
-                raise ReplayError(f"request {r.request_id}: {len(r.prompt_tokens)} + {r.length} tokens exceed "
+            if len(r.prompt_tokens) + total > self.setup.max_model_len:
+                raise ReplayError(f"request {r.request_id}: {len(r.prompt_tokens)} + {total} tokens exceed "
                                   f"max_model_len {self.setup.max_model_len}")
