@@ -16,14 +16,20 @@ SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, lo
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
 
 
-def test_infinite_grpo_presets_the_group_affinity_router():
+def test_infinite_grpo_presets_the_group_affinity_router_for_the_transformers_engine_and_verls_for_vllm():
+    """Groups whole where the server plans whole groups; on vLLM, whose servers order samples by their own
+    predictions, verl's router spreads the requests (router_config_path null)."""
     import yaml
 
-    cfg = compose()
-    path = cfg.actor_rollout_ref.rollout.router_config_path
-    assert path == verl_infsample.router_config_path()
-    with open(path) as f:
-        assert yaml.safe_load(f)["router_class"] == "verl_infsample.integration.rollout.router.GroupAffinityRouter"
+    for engine, device in (("transformers", "cuda"), ("auto", "cpu")):
+        cfg = compose(f"actor_rollout_ref.rollout.custom.engine={engine}", f"trainer.device={device}")
+        path = cfg.actor_rollout_ref.rollout.router_config_path
+        assert path == verl_infsample.router_config_path()
+        with open(path) as f:
+            assert yaml.safe_load(f)["router_class"] == "verl_infsample.integration.rollout.router.GroupAffinityRouter"
+    for overrides in (("actor_rollout_ref.rollout.custom.engine=vllm", "trainer.device=cpu"),
+                      ("actor_rollout_ref.rollout.custom.engine=auto", "trainer.device=cuda")):  # vLLM is installed
+        assert compose(*overrides).actor_rollout_ref.rollout.router_config_path is None
 
 
 def test_a_bad_router_key_fails_in_verls_validate_config_before_ray(tmp_path):

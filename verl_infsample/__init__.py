@@ -39,7 +39,7 @@ def register() -> None:
     RolloutReplicaRegistry.register("infinite", load_replica)
     from omegaconf import OmegaConf
 
-    # configs/infinite_grpo.yaml: router_config_path: ${infsample.router_config:group_affinity}
+    # configs/infinite_grpo.yaml: router_config_path: ${infsample.router_config:group_affinity,<engine>,<device>}
     OmegaConf.register_new_resolver("infsample.router_config", router_config_path, replace=True)
     # trainer.v1.trainer_mode=infinite_sync (integration.balance): registered in whichever process imports verl's V1
     # trainers (the TaskRunner actor), when it does, so no other process pays for that import.
@@ -57,11 +57,24 @@ def register() -> None:
     logger.info("verl-infsample %s registered rollout backend 'infinite'", __version__)
 
 
-def router_config_path(name: str = "group_affinity") -> str:
+def router_config_path(name: str = "group_affinity", engine: str | None = None, device: str | None = None) -> str | None:
     """Absolute path of a router yaml shipped with the package, for ``actor_rollout_ref.rollout.router_config_path``
-    (verl's router hook; ``group_affinity``: ``integration.rollout.router.GroupAffinityRouter``)."""
+    (verl's router hook; ``group_affinity``: ``integration.rollout.router.GroupAffinityRouter``).
+
+    Given the rollout's ``custom.engine`` (and ``trainer.device``, which ``auto`` follows), None where the engine is
+    vLLM: there each server orders its samples by their own predictions, and verl's router, which spreads requests
+    evenly, keeps the replicas' work even; placing whole groups by their prompt's history does not (``infsample
+    replay --router``)."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
+    if engine is not None:
+        import importlib.util
+
+        from .integration.settings import choose_engine
+
+        if choose_engine(engine, accelerator=str(device or "cuda") != "cpu",
+                         vllm_installed=importlib.util.find_spec("vllm") is not None) == "vllm":
+            return None
     return str(Path(__file__).resolve().parent / ROUTERS[name])
 
 
