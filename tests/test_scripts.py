@@ -27,24 +27,26 @@ def test_the_simulated_gpu_check_at_rollout_n_1024():
     assert infinite["recompute_tokens"] < plain["recompute_tokens"] / 3
 
 
-def test_the_seed_sweep_redraws_earlier_output(tmp_path, monkeypatch):
-    """vllm_seed_sweep.py --plot-from: the per-seed rows of earlier runs (vLLM's log lines in between) become the
-    README's picture, without vLLM."""
-    import sys
-
-    runs = ("plain", "oracle", "history", "learned")
-    log = tmp_path / "sweep.log"
-    lines = ["INFO vLLM says something"]
-    for seed, steps in enumerate([(100, 96, 130, 110), (120, 125, 140, 118)]):
-        lines.append(json.dumps({"group_size": 8, "blocks": 20, "seed": seed,
-                                 **{run: {"steps": n, "vllm_preemptions": 0} for run, n in zip(runs, steps)}}))
-    log.write_text("\n".join(lines) + "\n")
-    module = _script("vllm_seed_sweep")
-    assert [r["seed"] for r in module.read_rows(str(log))] == [0, 1]
-    png = tmp_path / "sweep.png"
-    monkeypatch.setattr(sys, "argv", ["vllm_seed_sweep.py", "--plot-from", str(log), "--plot", str(png)])
-    module.main()
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+def test_the_replay_table_runs_each_predictor_and_reports_the_gap_closed(capsys):
+    """scripts/replay_table.py (the README's replay table) at toy sizes: one row per backend, predictor and visit,
+    infinite once per predictor, the oracle's gap share 1 and verl's 0, and the markdown table."""
+    module = _script("replay_table")
+    args = ["--replicas", "1", "--n", "4", "--caps", "256", "--pools", "tight", "--samples-per-replica", "32",
+            "--max-num-seqs", "8", "--predictors", "noisy:0.3,none", "--backends", "vllm,infinite,oracle",
+            "--seed", "5"]
+    assert module.main([*args, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted({(r["backend"], r["visit"]) for r in rows}) == sorted(
+        (b, v) for b in ("vllm", "oracle", "infinite (noisy:0.3)", "infinite (none)") for v in ("first", "revisit"))
+    for r in rows:
+        assert r["engine_steps"] >= r["lower_bound_steps"] > 0
+        if r["backend"] == "vllm":
+            assert r["steps_vs_vllm"] == 1 and r["gap_closed"] in (0, None)
+        if r["backend"] == "oracle" and r["gap_closed"] is not None:
+            assert r["gap_closed"] == 1
+        assert (r["probes"] > 0) == (r["backend"] == "infinite (noisy:0.3)")
+    table = module.markdown(rows)
+    assert "infinite (noisy:0.3) steps / s vs vllm" in table and table.count("\n| 1 | 4 |") == 2
 
 
 def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):

@@ -9,6 +9,12 @@ trainer mode: ``gen_s`` is the engine's own wall time for the step's rollout (fi
 ``timing_s/gen``, which also counts the agent loop and comes in whole seconds on a busy CPU. Requests are seeded by
 prompt and arrival rank on both backends (``request_seeds``), so both decode the same samples and their engine
 steps differ by schedule, not by chance.
+
+``--workload varying``: the tiny ``modes`` model on chain arithmetic (``examples/chains``), which answers each
+prompt at random in one of three modes whose first token announces the answer's length (about 10 to 150 tokens),
+so lengths vary within every group and can be told from the opening. ``infinite`` runs the ``learned`` predictor:
+each sample is probed (its first token) and its rest runs at its own prediction's place. A probe and its rest
+cannot share a request seed, so both backends run unseeded there, and their samples differ by chance.
 """
 
 from __future__ import annotations
@@ -28,6 +34,23 @@ from .report import format_table, progress
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
 BACKENDS = ("vllm", "infinite")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the runs train on: the example script, the tiny model variant, and what ``infinite`` adds."""
+
+    script: Path
+    variant: str
+    seeded: bool  # requests seeded by prompt and arrival rank on both backends (``request_seeds``)
+    infinite_overrides: tuple[str, ...] = ()
+
+
+WORKLOADS = {
+    "puzzles": Workload(SCRIPT, "default", seeded=True),
+    "varying": Workload(ROOT / "examples" / "chains" / "run_grpo_cpu.sh", "modes", seeded=False,
+                        infinite_overrides=("actor_rollout_ref.rollout.custom.predictor='learned:k=1'",)),
+}
 COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "preemptions", "tokens_computed",
            "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm"]
 
@@ -55,6 +78,9 @@ class VerlBenchRow:
 def add_bench_verl_parser(sub) -> None:
     p = sub.add_parser("bench-verl", help="verl's trainer with rollout.name=vllm and with rollout.name=infinite "
                                           "(vLLM), side by side")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="puzzles",
+                   help="puzzles: knights and knaves, the default tiny model, seeded requests; varying: the modes "
+                        "model on chain arithmetic, lengths told by the opening, infinite with the learned predictor")
     p.add_argument("--n", type=int, action="append", help="rollout.n values (repeat; default: 16, 64, 256)")
     p.add_argument("--samples", type=int, default=128,
                    help="samples per step: prompts per step = max(1, samples // n) (default 128)")
@@ -63,7 +89,7 @@ def add_bench_verl_parser(sub) -> None:
     p.add_argument("--kv-blocks", type=int, default=24,
                    help="vLLM KV pool of both, in blocks (num_gpu_blocks_override; default 24: on the CPU, blocks "
                         "of 128 tokens, a few prompts and max_num_seqs samples)")
-    p.add_argument("--response-length", type=int, default=48)
+    p.add_argument("--response-length", type=int, help="default: 48 (puzzles), 160 (varying)")
     p.add_argument("--backend", action="append", choices=BACKENDS, help="backends (default: both)")
     p.add_argument("--unseeded", dest="seeded", action="store_false",
                    help="leave requests unseeded (by default each gets a seed of its prompt and arrival rank, on "
@@ -95,15 +121,21 @@ def parse_step_lines(output: str) -> dict[int, dict[str, float]]:
 
 def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRow:
     """One training run; raises with the run's last output if it fails or reports no figures."""
+    from ..models.tiny import tiny_model_path
+
+    workload = WORKLOADS[args.workload]
+    response_length = args.response_length or (160 if args.workload == "varying" else 48)
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
     env.update(PYTHON=sys.executable, STEPS=str(args.steps), N=str(n), BATCH=str(prompts), NGPUS="1",
-               SLOTS=str(args.slots), RESPONSE_LEN=str(args.response_length), ROLLOUT=backend, ENGINE="vllm",
-               VERL_INFSAMPLE_VLLM_STATS="1", VERL_INFSAMPLE_REQUEST_SEEDS="1" if args.seeded else "0")
+               SLOTS=str(args.slots), RESPONSE_LEN=str(response_length), ROLLOUT=backend, ENGINE="vllm",
+               MODEL_PATH=str(tiny_model_path(variant=workload.variant)), VERL_INFSAMPLE_VLLM_STATS="1",
+               VERL_INFSAMPLE_REQUEST_SEEDS="1" if args.seeded and workload.seeded else "0")
     overrides = ["trainer.v1.trainer_mode=infinite_sync",  # collects the servers' figures after each step
                  f"+actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override={args.kv_blocks}",
-                 "actor_rollout_ref.actor.use_kl_loss=false", *args.extra]
+                 "actor_rollout_ref.actor.use_kl_loss=false",
+                 *(workload.infinite_overrides if backend == "infinite" else ()), *args.extra]
     run_dir = work / f"{backend}_n{n}"
-    proc = subprocess.run(["bash", str(SCRIPT), str(run_dir), *overrides], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(workload.script), str(run_dir), *overrides], capture_output=True, text=True,
                           env=env, cwd=work, timeout=1800)
     output = proc.stdout + proc.stderr
     (work / f"{backend}_n{n}.log").write_text(output)

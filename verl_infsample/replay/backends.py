@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.sample import Sample, prompt_key
+from ..core.sample import prompt_key
 from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
