@@ -352,7 +352,8 @@ def test_drawing_in_row_chunks_changes_nothing_but_the_chunk_size(tiny_model_dir
             return sampling.tokens(logits, *args, **kwargs)
 
         def observe(sched, running, at, stats):
-            reports.extend((running[i].uid, len(running[i].payload["tokens"]), h, sl) for i, (h, sl) in zip(at, stats))
+            reports.extend((running[i].uid, len(running[i].engine_state.tokens), h, sl)
+                           for i, (h, sl) in zip(at, stats))
 
         monkeypatch.setattr(engine, "_sampling", dataclasses.replace(sampling, tokens=tokens))
         monkeypatch.setattr(engine, "_report_tokens", observe)

@@ -52,8 +52,8 @@ class Sample:
     admitted_at: int = -1  # decode step of the latest admission
     finished_at: int = -1
     preemptions: int = 0
-    # engine-owned payload (token ids, log-probs, cache handles); the core never reads it
-    payload: dict = field(default_factory=dict, repr=False)
+    # the decoding engine's own record (tokens, log-probs, cache handles: ``engines.sample_state``); never read here
+    engine_state: object | None = field(default=None, repr=False)
 
     @property
     def key(self) -> tuple[int, int]:

@@ -9,7 +9,7 @@ An engine drives it::
         finished = engine.step(sched.running)   # one token for every running sample
         sched.step_done(finished)         # account the step, retire the finished (frees capacity)
 
-The scheduler knows nothing of tokens, tensors or models; engines keep those in ``Sample.payload``.
+The scheduler knows nothing of tokens, tensors or models; engines keep those in ``Sample.engine_state``.
 """
 
 from __future__ import annotations

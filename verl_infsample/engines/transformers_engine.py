@@ -36,6 +36,7 @@ from ..predict.factory import as_predictor
 from .base import Arrivals, LoopTiming, check_batch, run_rollout
 from .kv_blocks import BlockPool, KVStats, PagedContext
 from .penalties import apply_penalties, sampler_params
+from .sample_state import DecodeState, TransformersSampleState
 from .shared_prefix import SharedPromptDecode, shares_prompt, use_shared_prefix_attention
 from . import sampling, torch_sampling
 from .sampling import SamplingParams
@@ -45,6 +46,7 @@ from .sampling import SamplingParams
 # (about 1.2 GB each for 1024 rows of Qwen3's 151,936 ids) whatever the batch, so `full`'s memory is its KV, not ours
 _SAMPLE_ROWS = 64
 SAMPLERS = ("auto", "numpy", "torch")
+_state = TransformersSampleState.of  # a sample's state, typed
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,12 @@ class SampleOutput:
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop/eos token, included) or "length"
     preemptions: int = 0
+
+    @classmethod
+    def of(cls, sample: Sample) -> SampleOutput:
+        """A finished sample's response, as its engine recorded it."""
+        state = DecodeState.of(sample)
+        return cls(state.tokens, state.logprobs, state.finish, sample.preemptions)
 
 
 @dataclass
@@ -193,8 +201,7 @@ class TransformersEngine:
         sched.stats.predict_ms -= (kept_s + self._stream_setup_s + self._first_draw_s) * 1e3
         timing.engine_s += kept_s + self._first_draw_s
         wall = time.perf_counter() - t0
-        outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
-                    for s in group] for group in sched.results()]
+        outputs = [[SampleOutput.of(s) for s in group] for group in sched.results()]
         return EngineRollout(outputs, sched.stats, self.pool.stats, timing, wall, policy, sched.policy.plan_info)
 
     @property
@@ -204,9 +211,8 @@ class TransformersEngine:
 
     def _ready(self, samples: list[Sample]) -> None:
         for s in samples:
-            s.payload.update(tokens=[], logprobs=[], blocks=[])
-            if "rng" not in s.payload:  # (the lookahead made it already)
-                s.payload["rng"] = self._stream(s)
+            if s.engine_state is None:  # (else the lookahead made it, with the sample's first token)
+                s.engine_state = TransformersSampleState(rng=self._stream(s))
 
     def _join(self, sched: Scheduler, new: Arrivals) -> None:
         """Groups that arrived while this rollout decodes join it (``Scheduler.add_groups``). Their first-token
@@ -241,8 +247,9 @@ class TransformersEngine:
         for s in admitted:
             if s.group not in self._prompt_kv:
                 self._prefill_prompt(s.group)
-            if len(s.payload["tokens"]) > 1:  # readmitted after preemption: rebuild the KV of its fed tokens
-                fed = s.payload["tokens"][:-1]
+            tokens = _state(s).tokens
+            if len(tokens) > 1:  # readmitted after preemption: rebuild the KV of its fed tokens
+                fed = tokens[:-1]
                 self._ensure_blocks(s, len(fed))
                 context = self._context(s, len(fed))
                 positions = torch.arange(len(fed)) + len(self._prompts[s.group])
@@ -251,18 +258,19 @@ class TransformersEngine:
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         running = sched.running
-        feeding = [i for i, s in enumerate(running) if s.payload["tokens"]]
+        states = [_state(s) for s in running]
+        feeding = [i for i, st in enumerate(states) if st.tokens]
         out = None
         if feeding:
             groups, prompt_lens, own, last, positions = [], [], [], [], []
             for i in feeding:
                 s = running[i]
-                fed = len(s.payload["tokens"])  # after this pass, every token but none new is in the KV
+                fed = len(states[i].tokens)  # after this pass, every token but none new is in the KV
                 self._ensure_blocks(s, fed)
                 groups.append(s.group)
                 prompt_lens.append(len(self._prompts[s.group]))
                 own.append(self._slots[s.uid][:fed])
-                last.append(s.payload["tokens"][-1])
+                last.append(states[i].tokens[-1])
                 positions.append(prompt_lens[-1] + fed - 1)
             ids, positions = torch.tensor(last)[:, None], torch.tensor(positions)[:, None]
             if shares_prompt(prompt_lens, dict(zip(groups, prompt_lens)).values()):
@@ -279,11 +287,11 @@ class TransformersEngine:
             rows = torch.stack([self._prompt_logits[s.group] for s in running])
             if out is not None:
                 rows[torch.tensor(feeding)] = out
-            for i, s in enumerate(running):
-                (drawn if "first" in s.payload else draw).append(i)
+            for i, st in enumerate(states):
+                (drawn if st.first is not None else draw).append(i)
         params = self._params
         checkpoints = sched.token_checkpoints
-        reaching = ([i for i, s in enumerate(running) if len(s.payload["tokens"]) + 1 in checkpoints] if checkpoints
+        reaching = ([i for i, st in enumerate(states) if len(st.tokens) + 1 in checkpoints] if checkpoints
                     else [])
         if drawn:  # (a row's token depends on its logits and stream only: the others draw as they would)
             tokens, logprobs = np.zeros(len(running), dtype=np.int64), np.zeros(len(running))
@@ -293,17 +301,18 @@ class TransformersEngine:
                 tokens[draw], logprobs[draw], stats = self._draw(
                     sched, rows[draw], [running[i] for i in draw], [position[i] for i in reaching])
             for i in drawn:
-                tokens[i], logprobs[i] = running[i].payload.pop("first")
+                tokens[i], logprobs[i] = states[i].first
+                states[i].first = None
         else:
             tokens, logprobs, stats = self._draw(sched, rows, running, reaching)
         finished = []
-        for s, token, logprob in zip(running, tokens.tolist(), logprobs.tolist()):
-            s.payload["tokens"].append(token)
-            s.payload["logprobs"].append(logprob)
+        for s, st, token, logprob in zip(running, states, tokens.tolist(), logprobs.tolist()):
+            st.tokens.append(token)
+            st.logprobs.append(logprob)
             if token in params.stop_token_ids:
-                s.payload["finish"] = "stop"
-            elif len(s.payload["tokens"]) >= self._caps[s.group]:
-                s.payload["finish"] = "length"
+                st.finish = "stop"
+            elif len(st.tokens) >= self._caps[s.group]:
+                st.finish = "length"
             else:
                 continue
             finished.append(s)
@@ -314,8 +323,9 @@ class TransformersEngine:
 
     def release(self, sched: Scheduler, samples: list[Sample]) -> None:
         for s in samples:
-            self.pool.free(s.payload["blocks"])
-            s.payload["blocks"] = []
+            st = _state(s)
+            self.pool.free(st.blocks)
+            st.blocks = []
             self._slots.pop(s.uid, None)
             if not sched.holds_prompt(s.group) and s.group in self._prompt_kv:
                 self._free_prompt(s.group)
@@ -366,7 +376,7 @@ class TransformersEngine:
     # --- internals -------------------------------------------------------------------------------------------------
     def _first_tokens(self, samples: list[Sample]) -> list:
         """The first-token lookahead: each group's prompt passes once, and every sample draws its first token from
-        those logits with its own stream, exactly the token it would draw when it starts (kept in its payload and
+        those logits with its own stream, exactly the token it would draw when it starts (kept in its state and
         emitted then). The prompt's KV is kept as the group's prefill when the batch's prompts fit
         (``_keep_lookahead_kv``; under a KV budget until the first admission, ``_drop_unopened_prompts``), else freed
         again (the group is prefilled for real when its first sample starts).
@@ -378,7 +388,7 @@ class TransformersEngine:
         t0 = time.perf_counter()
         for s in samples:
             members.setdefault(s.group, []).append(s)
-            s.payload["rng"] = self._stream(s)
+            s.engine_state = TransformersSampleState(rng=self._stream(s))
         self._stream_setup_s += time.perf_counter() - t0
         for g, group in members.items():
             t0 = time.perf_counter()
@@ -392,11 +402,11 @@ class TransformersEngine:
                 part = group[lo:lo + _SAMPLE_ROWS]
                 t0 = time.perf_counter()
                 tokens, logprobs, logp = self._sampling.shared(logits if self._sampling.on_device else logits.numpy(),
-                                                               self._draw_params, [s.payload["rng"] for s in part])
+                                                               self._draw_params, [_state(s).rng for s in part])
                 self._first_draw_s += time.perf_counter() - t0
                 entropy, stop = self._sampling.stats(logp, params.stop_token_ids)
                 for s, token, logprob in zip(part, tokens.tolist(), logprobs.tolist()):
-                    s.payload["first"] = (token, logprob)
+                    _state(s).first = (token, logprob)
                     out[s.uid] = TokenWindow([token], [logprob], float(entropy[0]), float(stop[0]))
         return [out[s.uid] for s in samples]
 
@@ -412,9 +422,9 @@ class TransformersEngine:
             chunk, part = samples[lo:hi], rows[lo:hi]
             if self._params.reads_history:
                 part = apply_penalties(part, self._params, [self._prompts[s.group] for s in chunk],
-                                       [s.payload["tokens"] for s in chunk])
+                                       [_state(s).tokens for s in chunk])
             part = part if self._sampling.on_device else part.numpy()
-            t, lp, logp = self._sampling.tokens(part, self._draw_params, [s.payload["rng"] for s in chunk],
+            t, lp, logp = self._sampling.tokens(part, self._draw_params, [_state(s).rng for s in chunk],
                                                 with_logp=True)
             tokens.append(t)
             logprobs.append(lp)
@@ -433,7 +443,7 @@ class TransformersEngine:
         from ..predict.features import TokenWindow
 
         t0 = time.perf_counter()
-        reports = [(running[i], TokenWindow(running[i].payload["tokens"], running[i].payload["logprobs"], h, sl))
+        reports = [(running[i], TokenWindow(_state(running[i]).tokens, _state(running[i]).logprobs, h, sl))
                    for i, (h, sl) in zip(at, stats)]
         sched.stats.refine_ms += (time.perf_counter() - t0) * 1e3
         sched.observe_tokens(reports)
@@ -476,9 +486,9 @@ class TransformersEngine:
 
     def _free_all(self, samples: list[Sample]) -> None:
         for s in samples:
-            if s.payload.get("blocks"):
-                self.pool.free(s.payload["blocks"])
-                s.payload["blocks"] = []
+            if isinstance(st := s.engine_state, TransformersSampleState) and st.blocks:
+                self.pool.free(st.blocks)
+                st.blocks = []
         for blocks in self._prompt_kv.values():
             self.pool.free(blocks)
         self._prompt_kv.clear()
@@ -497,7 +507,7 @@ class TransformersEngine:
 
     def _ensure_blocks(self, s: Sample, fed: int) -> None:
         """Own blocks for ``fed`` tokens of ``s``; a new block only when the last one is full."""
-        blocks = s.payload["blocks"]
+        blocks = _state(s).blocks
         missing = self.pool.blocks_for(fed) - len(blocks)
         if missing > 0:
             blocks.extend(self.pool.allocate(missing))

