@@ -11,6 +11,26 @@ if the engine fails, every request in flight fails with it.
 ``abort_all_requests`` / ``resume_generation`` follow verl's vLLM server: abort closes a gate, returns queued
 requests with stop_reason "aborted", stops the decoding batch at its next step (unfinished samples return their tokens
 so far, "aborted") and returns only once nothing decodes, so new weights can be loaded safely.
+
+Threads: ``generate``, the ``_drain`` task and every lifecycle call run on the actor's asyncio event loop; one engine
+rollout at a time runs on a worker thread (``asyncio.to_thread(self._rollout, ...)``: the rollout thread), and with
+it the engine's callbacks (``_stop_if_aborted`` and ``arrivals`` after every step, ``on_finished``); the engine's
+``sleep``, ``wake_up`` and ``load_weights`` run on worker threads too. ``_engine_lock`` (asyncio.Lock) gives the engine
+to one user at a time: ``_drain`` holds it from taking a batch until the rollout thread returns, sleep and wake (and
+the ``_asleep`` set) and ``update_weights`` take it, and ``abort_all_requests`` takes it to wait until the decoding
+batch has stopped and answered. ``RequestBatcher._pending_lock`` (threading.Lock) guards the waiting requests, added
+by ``generate`` and taken by ``_drain`` and ``abort_all_requests`` on the loop and by ``joining`` on the rollout
+thread. ``_metrics_lock`` (threading.Lock) guards ``_step_metrics``, merged on the rollout thread after each batch
+and swapped out by ``pop_step_metrics``. ``_abort`` (threading.Event), set by ``abort_all_requests``, is read by the
+rollout thread before the engine starts and after every step, and stops the rollout there (``RolloutAborted``); it is
+cleared once ``_engine_lock`` is free again. ``_resumed`` (asyncio.Event) is the gate: ``abort_all_requests`` clears it,
+``resume_generation`` sets it, and ``generate`` waits on it while paused. Each request's ``future`` (asyncio.Future)
+is made and awaited on the loop and set only there: the rollout thread hands results over with
+``call_soon_threadsafe`` (``LiveRollout.answer``, once per request), ``abort_all_requests`` and a failed batch set it
+directly, and whichever comes first wins. The rest is shared without a lock, on the GIL alone:
+``last_rollout_metrics`` (replaced whole by the rollout thread), ``_finished_lengths`` (a deque the rollout thread
+appends to and ``pop_finished_lengths`` copies, then clears), ``global_steps``, and ``RequestBatcher``'s sample
+indices, handed out on the rollout thread and reset by ``set_global_steps``, which verl sends with a weight sync.
 """
 
 from __future__ import annotations
@@ -22,142 +42,22 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields, replace
-from functools import cached_property
+from dataclasses import replace
 
-from ...core.sample import prompt_key
 from ...engines.sample_state import DecodeState
-from ...engines.sampling import SamplingParams
 from ..settings import choose_dtype, config_value, settings_from_rollout
+from .batching import Request, RequestBatcher
+from .live_rollout import LiveRollout, RolloutAborted, aborted_results
+from .metrics import merge_rollout_metrics, rollout_metrics
+from .requests import RolloutDefaults, request_sampling, response_cap
 
 logger = logging.getLogger(__name__)
 SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what the engine's sleep mode frees (vLLM's wake_up tags)
 FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
-BATCH_WINDOWS_AT_MOST = 10  # a batch starts at the latest this many windows after its first request
 REQUESTS_IN_FLIGHT = 1 << 16
 """Calls a rollout server takes at once. verl's agent loop sends every sample of a step as its own call and each
 waits until its sample is decoded, so a step has n x prompts calls in flight (64 x 512 = 32768); a call past the actor's
 limit would wait in Ray, unseen by the plan (verl's own replicas allow 1000)."""
-
-
-# The sampling parameters the transformers engine's server honours, with vLLM's meaning (``engines.sampling``); any
-# other key is refused by name, never dropped.
-HONOURED_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_new_tokens", "min_tokens", "logprobs",
-                 "stop_token_ids", "ignore_eos", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                 "logit_bias")
-LOGIT_BIAS_LIMIT = 100.0  # vLLM clamps a logit bias to [-100, 100]
-
-
-@dataclass(frozen=True)
-class RolloutDefaults:
-    """What a request that does not say takes from verl's rollout config, as verl's vLLM server does."""
-
-    ignore_eos: bool = False  # rollout.ignore_eos
-    repetition_penalty: float = 1.0  # rollout.repetition_penalty
-    seed: int | None = None  # rollout.seed + the replica's rank with rollout.full_determinism, else none
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams  # its own, with its response cap as max_new_tokens (seed: see ``seed``)
-    seed: int | None  # its own seed, else the rollout's step seed
-    logprobs: bool
-    session_id: int | None
-    future: asyncio.Future = field(repr=False)
-    arrived: float = 0.0  # time.monotonic() at arrival
-
-    @cached_property
-    def rollout_key(self) -> tuple:
-        """Requests alike in these decode in one engine rollout (their sampling settings; response caps may differ).
-        Read for every pending request after every decode step (``_joining``): computed once."""
-        return tuple(getattr(self.params, f.name) for f in fields(SamplingParams) if f.name != "max_new_tokens"
-                     ) + (self.seed,)
-
-    @property
-    def group_key(self) -> tuple:
-        """Requests alike in all of these are samples of one group."""
-        return (tuple(self.prompt_ids), self.params.max_new_tokens, *self.rollout_key)
-
-
-@dataclass
-class _RequestGroup:
-    """One group of an engine rollout: its requests in sample-index order and their stream indices."""
-
-    prompt: tuple[int, ...]
-    prompt_key: str
-    max_tokens: int
-    requests: list[_Request]
-    indices: list[int]
-
-
-class _LiveRollout:
-    """The requests of one engine rollout, as groups join it; answers them on the server's event loop (each once)."""
-
-    def __init__(self, first: list[_Request], loop: asyncio.AbstractEventLoop):
-        self.first, self.loop = first, loop
-        self.key = first[0].rollout_key
-        self.members: list[_RequestGroup] = []  # the engine's groups, in its order
-        self.joined = 0  # requests that joined while it decoded
-        self._answered: set[int] = set()  # id() of the requests answered (verl's request ids need not be unique)
-        self._joiners: list[_Request] = []
-
-    def requests(self) -> list[_Request]:
-        return [*self.first, *self._joiners]
-
-    def note_joined(self, requests: list[_Request]) -> None:
-        self._joiners.extend(requests)
-
-    def answer(self, r: _Request, result: tuple | None = None, error: BaseException | None = None) -> None:
-        """From the rollout thread: ``r``'s result (or error), once."""
-        if id(r) in self._answered:
-            return
-        self._answered.add(id(r))
-        self.loop.call_soon_threadsafe(_settle, r.future, result, error)
-
-
-def _settle(future: asyncio.Future, result, error) -> None:
-    if future.done():  # (abort_all_requests answered it)
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def request_sampling(sampling_params: dict, request_id: str, *, max_new_tokens: int, eos: tuple[int, ...],
-                     vocab_size: int, defaults: RolloutDefaults) -> tuple[SamplingParams, int | None]:
-    """A request's sampling parameters as the engine takes them (with ``max_new_tokens``, its response cap, and seed 0)
-    and its own seed (None: the rollout's). Every key the engine cannot honour, and every bad value, is refused by
-    name: the error fails this request alone."""
-    def refuse(why: str) -> ValueError:
-        return ValueError(f"request {request_id}: {why}")
-
-    if unknown := sorted(k for k, v in sampling_params.items() if k not in HONOURED_KEYS and v is not None):
-        raise refuse(f"sampling parameter {unknown[0]!r} is not supported by the transformers engine (it honours "
-                     f"{', '.join(HONOURED_KEYS)}); drop it, or decode with actor_rollout_ref.rollout.custom."
-                     "engine=vllm (verl's vLLM server, which takes every vLLM sampling parameter)")
-    sp = {k: v for k, v in sampling_params.items() if v is not None}
-    try:
-        for key in ("stop_token_ids", "logit_bias"):
-            if bad := [int(t) for t in (sp.get(key) or ()) if not 0 <= int(t) < vocab_size]:
-                raise ValueError(f"{key} names token {bad[0]}, outside the model's vocabulary of {vocab_size}")
-        bias = tuple(sorted((int(t), min(max(float(b), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT))
-                            for t, b in (sp.get("logit_bias") or {}).items()))
-        ignore_eos = bool(sp.get("ignore_eos", defaults.ignore_eos))
-        stops = tuple(sorted({*(() if ignore_eos else eos), *(int(t) for t in sp.get("stop_token_ids") or ())}))
-        seed = sp.get("seed", defaults.seed)
-        params = SamplingParams(
-            temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
-            top_k=int(sp.get("top_k", -1)), min_p=float(sp.get("min_p", 0.0)), max_new_tokens=max_new_tokens,
-            min_tokens=int(sp.get("min_tokens", 0)), stop_token_ids=stops, logit_bias=bias,
-            repetition_penalty=float(sp.get("repetition_penalty", defaults.repetition_penalty)),
-            presence_penalty=float(sp.get("presence_penalty", 0.0)),
-            frequency_penalty=float(sp.get("frequency_penalty", 0.0)))
-        return params, int(seed) if seed is not None else None
-    except (TypeError, ValueError) as e:
-        raise refuse(str(e)) from None
 
 
 class InfiniteServer:
@@ -190,11 +90,9 @@ class InfiniteServer:
             seed=replica_rank + self.seed if config_value(config, "full_determinism", False) else None)
         self.replica_rank = replica_rank
         self.global_steps: int | None = None
-        self._pending: list[_Request] = []  # arrived, not yet in a rollout (the rollout thread takes joiners too)
-        self._pending_lock = threading.Lock()
-        self._issued: dict[tuple, int] = {}  # sample indices handed out per group this step
-        self._worker: asyncio.Task | None = None
-        self._lock = asyncio.Lock()
+        self._batcher = RequestBatcher(self.settings.batch_window_ms / 1000)
+        self._worker: asyncio.Task | None = None  # the one ``_drain`` task
+        self._engine_lock = asyncio.Lock()
         self.last_rollout_metrics: dict = {}
         self._step_metrics: dict = {}  # merged over the batches since the last pop_step_metrics()
         self._metrics_lock = threading.Lock()
@@ -217,21 +115,21 @@ class InfiniteServer:
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the infinite rollout is text-only: no image/video/audio inputs")
         prompt_ids = [int(t) for t in prompt_ids]
-        params, seed = request_sampling(sampling_params, request_id, max_new_tokens=self._response_cap(
-            len(prompt_ids), sampling_params, request_id), eos=self.stop_ids, vocab_size=self.vocab_size,
-            defaults=self.defaults)
+        cap = response_cap(len(prompt_ids), sampling_params, request_id, max_model_len=self.max_model_len,
+                           prompt_length=self.prompt_length, response_length=self.response_length)
+        params, seed = request_sampling(sampling_params, request_id, max_new_tokens=cap, eos=self.stop_ids,
+                                        vocab_size=self.vocab_size, defaults=self.defaults)
         while self._paused:  # behind the gate abort_all_requests closed, as verl's vLLM server
             if self._rejecting:
                 return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted",
                                    extra_fields={"global_steps": self.global_steps})
             await self._resumed.wait()
         session = kwargs.get("session_id")
-        req = _Request(request_id=request_id, prompt_ids=prompt_ids, params=params, seed=seed,
-                       logprobs=bool(sampling_params.get("logprobs")),
-                       session_id=int(session) if session is not None else None,
-                       future=asyncio.get_running_loop().create_future(), arrived=time.monotonic())
-        with self._pending_lock:
-            self._pending.append(req)
+        req = Request(request_id=request_id, prompt_ids=prompt_ids, params=params, seed=seed,
+                      logprobs=bool(sampling_params.get("logprobs")),
+                      session_id=int(session) if session is not None else None,
+                      future=asyncio.get_running_loop().create_future(), arrived=time.monotonic())
+        self._batcher.add(req)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         token_ids, log_probs, preempted, stop_reason = await req.future
@@ -239,46 +137,18 @@ class InfiniteServer:
                            stop_reason=stop_reason, num_preempted=preempted,
                            extra_fields={"global_steps": self.global_steps})
 
-    def _response_cap(self, prompt_tokens: int, sampling_params: dict, request_id: str) -> int:
-        """The most tokens a request's response may have, as verl's vLLM server reckons it: its ``max_tokens`` (or
-        ``max_new_tokens``), else what rollout.prompt_length + response_length leave after the prompt, at least 1 and
-        within the model's context; past rollout.response_length a request is refused (verl's batch holds no more)."""
-        room = self.max_model_len - prompt_tokens
-        if room < 1:
-            raise ValueError(f"request {request_id}: prompt of {prompt_tokens} tokens leaves no room for a response in "
-                             f"the model's context of {self.max_model_len} tokens (actor_rollout_ref.rollout."
-                             "max_model_len, else the model's max_position_embeddings); shorten the prompt")
-        cap = min(self.response_length, self.prompt_length + self.response_length - prompt_tokens)
-        for key in ("max_tokens", "max_new_tokens"):  # verl's vLLM server takes either, max_tokens first
-            if sampling_params.get(key) is not None:
-                cap = int(sampling_params[key])
-                if cap > self.response_length:
-                    raise ValueError(f"request {request_id}: {key}={cap} exceeds actor_rollout_ref.rollout."
-                                     f"response_length={self.response_length}; lower it or raise response_length")
-                break
-        return max(1, min(cap, room))
-
     async def _drain(self) -> None:
         """Start a rollout once the arrivals pause (a group's n requests come together); one rollout at a time.
-        Requests that arrive while it decodes join it (``_joining``); those with other sampling settings wait for
-        the next."""
-        window = self.settings.batch_window_ms / 1000
+        Requests that arrive while it decodes join it (``RequestBatcher.joining``); those with other sampling settings
+        wait for the next."""
         loop = asyncio.get_running_loop()
-        while self._pending:
-            # wait until the arrivals pause, but no longer than BATCH_WINDOWS_AT_MOST windows: a steady stream of
-            # requests must not hold back the ones already there
-            deadline = loop.time() + BATCH_WINDOWS_AT_MOST * window
-            while True:
-                seen = len(self._pending)
-                await asyncio.sleep(window)
-                if len(self._pending) == seen or loop.time() >= deadline:
-                    break
-            async with self._lock:
-                with self._pending_lock:
-                    batch = self._take(self._pending[0].rollout_key) if self._pending else []
+        while self._batcher.waiting:
+            await self._batcher.arrivals_pause()
+            async with self._engine_lock:
+                batch = self._batcher.take_batch()
                 if not batch:  # abort_all_requests took them
                     continue
-                rollout = _LiveRollout(batch, loop)
+                rollout = LiveRollout(batch, loop)
                 try:
                     if self._asleep:  # verl wakes a replica before it generates; a request that comes first wakes it
                         logger.warning("InfiniteServer %d: requests arrived while the engine sleeps (%s); waking it",
@@ -290,61 +160,23 @@ class InfiniteServer:
                         if not r.future.done():
                             r.future.set_exception(e)
 
-    def _take(self, rollout_key: tuple) -> list[_Request]:
-        """The pending requests a rollout with these sampling settings decodes (under ``_pending_lock``)."""
-        taken = [r for r in self._pending if r.rollout_key == rollout_key]
-        self._pending = [r for r in self._pending if r.rollout_key != rollout_key]
-        return taken
-
-    def _joining(self, rollout_key: tuple) -> list[_Request]:
-        """In the rollout thread, after every decode step: the pending requests that join the running rollout, once
-        their arrivals pause as ``_drain``'s do (within ``BATCH_WINDOWS_AT_MOST`` windows of the first)."""
-        window = self.settings.batch_window_ms / 1000
-        with self._pending_lock:
-            alike = [r.arrived for r in self._pending if r.rollout_key == rollout_key]
-            if not alike:
-                return []
-            now = time.monotonic()
-            if now - max(alike) < window and now - min(alike) < BATCH_WINDOWS_AT_MOST * window:
-                return []
-            return self._take(rollout_key)
-
-    def _rollout(self, rollout: "_LiveRollout") -> None:
-        """One engine rollout (in a thread): the batch's groups, and the groups that join while it decodes; every
-        request is answered as its sample finishes."""
+    def _rollout(self, rollout: LiveRollout) -> None:
+        """One engine rollout (on the rollout thread): the batch's groups, and the groups that join while it decodes;
+        every request is answered as its sample finishes."""
         from ...predict import make_predictor
-        from ...engines.base import Arrivals
+
         head = rollout.first[0]
         params = replace(head.params, max_new_tokens=self.response_length,
                          seed=self._step_seed() if head.seed is None else head.seed)
-        first = self._groups_of(rollout.first)
+        first = self._batcher.groups_of(rollout.first)
         rollout.members.extend(first)
         capacity = self._capacity()
         if self._predictor is None:
             self._predictor = make_predictor(self.settings.predictor, max_len=self.response_length)
 
-        def arrivals() -> Arrivals | None:
-            joining = self._joining(rollout.key)
-            if not joining:
-                return None
-            rollout.note_joined(joining)
-            try:
-                groups = self._groups_of(joining)
-            except ValueError as e:  # (they fail alone; the rollout goes on)
-                for r in joining:
-                    rollout.answer(r, error=e)
-                return None
-            base = len(rollout.members)
-            rollout.members.extend(groups)
-            rollout.joined += len(joining)
-
-            def refuse(error: Exception) -> None:
-                del rollout.members[base:]
-                for r in joining:
-                    rollout.answer(r, error=ValueError(f"request {r.request_id}: {error}"))
-            return Arrivals([list(g.prompt) for g in groups], [len(g.indices) for g in groups],
-                            [g.prompt_key for g in groups], [g.indices for g in groups],
-                            [g.max_tokens for g in groups], refuse)
+        def arrivals():
+            joining = self._batcher.joining(rollout.key)
+            return rollout.join(joining, self._batcher.groups_of) if joining else None
 
         def on_finished(samples) -> None:
             for smp in samples:
@@ -362,15 +194,11 @@ class InfiniteServer:
                                       max_new_tokens=[g.max_tokens for g in first], fptas_eps=self.settings.fptas_eps,
                                       on_step=self._stop_if_aborted, on_finished=on_finished, arrivals=arrivals)
         except RolloutAborted as stop:
-            for r, result in _aborted_results(rollout.members, stop.sched):
+            for r, result in aborted_results(rollout.members, stop.sched):
                 rollout.answer(r, result)
             return
-        self.last_rollout_metrics = {
-            "infsample/decode_steps": res.stats.decode_steps, "infsample/peak_kv_bytes": res.kv.peak_in_use_bytes,
-            "infsample/preemptions": res.stats.preemptions, "infsample/plan_ms": res.stats.plan_ms,
-            "infsample/lookahead_prefills": res.stats.lookahead_prefills,
-            "infsample/samples": sum(len(g.indices) for g in rollout.members), "infsample/wall_s": res.wall_s,
-            "infsample/joined": rollout.joined, "infsample/lower_bound_steps": _lower_bound_steps(res, capacity)}
+        samples = sum(len(g.indices) for g in rollout.members)
+        self.last_rollout_metrics = rollout_metrics(res, capacity, samples=samples, joined=rollout.joined)
         with self._metrics_lock:  # what the trainer collects per step (pop_step_metrics): every batch counts
             self._step_metrics = merge_rollout_metrics(
                 [self._step_metrics, {**self.last_rollout_metrics, "infsample/batches": 1,
@@ -378,31 +206,6 @@ class InfiniteServer:
         for group, outs in zip(rollout.members, res.outputs):  # (each was answered as it finished)
             for r, o in zip(group.requests, outs):
                 rollout.answer(r, (o.token_ids, o.logprobs, o.preemptions, "completed"))
-
-    def _groups_of(self, requests: list[_Request]) -> list["_RequestGroup"]:
-        """Requests alike in prompt and sampling settings are one group's samples; groups by prompt, samples by index,
-        whatever order the requests came in: the same batch gets the same plan (samples the predictor cannot tell
-        apart are planned in position order), so decode steps repeat. A sample's index keys its random stream: its
-        session id, else its arrival order within the step."""
-        groups: dict[tuple, list[_Request]] = {}
-        for r in requests:
-            groups.setdefault(r.group_key, []).append(r)
-        out = []
-        for key_of_prompt, key in sorted((prompt_key(k[0]), k) for k in groups):
-            reqs = groups[key]
-            indices = []
-            for r in reqs:
-                if r.session_id is not None:
-                    indices.append(r.session_id)
-                else:
-                    indices.append(self._issued.get(key, 0))
-                    self._issued[key] = indices[-1] + 1
-            if len(set(indices)) != len(indices):
-                raise ValueError(f"two requests of one group share a sample index (session_id): {sorted(indices)}")
-            by_index = sorted(range(len(reqs)), key=indices.__getitem__)
-            out.append(_RequestGroup(key[0], key_of_prompt, key[1], [reqs[i] for i in by_index],
-                                     [indices[i] for i in by_index]))
-        return out
 
     def _capacity(self):
         """``custom.kv_budget`` or ``custom.slots`` when set, else rollout.max_num_seqs slots."""
@@ -429,7 +232,7 @@ class InfiniteServer:
 
     # --- verl's lifecycle calls ----------------------------------------------------------------------------------
     # With the engine in sleep mode (on a GPU, with rollout.enable_sleep_mode) these free and restore GPU memory as
-    # verl's vLLM server does, between batches (under the lock: never under a decoding batch). Sleep is level 1
+    # verl's vLLM server does, between batches (under ``_engine_lock``: never under a decoding batch). Sleep is level 1
     # (weights offloaded to host memory): they come back as they were, whether or not a weight sync follows. The
     # engine's paged KV store holds nothing between batches.
     def _sleeps(self) -> bool:
@@ -439,7 +242,7 @@ class InfiniteServer:
     async def _sleep_engine(self, tags: set[str]) -> None:
         """Free ``tags`` ("weights", "kv_cache") as well as what already sleeps. vLLM's sleep frees both at once, from
         an engine fully awake: so wake what sleeps, sleep, and re-wake what must stay."""
-        async with self._lock:
+        async with self._engine_lock:
             target = self._asleep | tags
             if target == self._asleep:
                 return
@@ -451,7 +254,7 @@ class InfiniteServer:
             self._asleep = set(target)
 
     async def _wake_engine(self, tags=None) -> None:
-        async with self._lock:
+        async with self._engine_lock:
             await self._wake_engine_locked(tags)
 
     async def _wake_engine_locked(self, tags=None) -> None:
@@ -485,7 +288,7 @@ class InfiniteServer:
 
     async def set_global_steps(self, global_steps):
         self.global_steps = global_steps
-        self._issued.clear()  # a new step: sample indices start again at 0 (with a new random key)
+        self._batcher.new_step()
 
     async def abort_all_requests(self, reject_request: bool = False):
         """As verl's vLLM server: close the gate (later requests wait for ``resume_generation``, or return "aborted"
@@ -494,13 +297,12 @@ class InfiniteServer:
         once nothing decodes."""
         self._paused, self._rejecting = True, reject_request
         self._resumed.clear()
-        with self._pending_lock:
-            queued, self._pending = self._pending, []
+        queued = self._batcher.take_all()
         for r in queued:
             if not r.future.done():
                 r.future.set_result(([], [], 0, "aborted"))
         self._abort.set()
-        async with self._lock:  # taken once the decoding batch (if any) has stopped and answered its requests
+        async with self._engine_lock:  # taken once the decoding batch (if any) has stopped and answered its requests
             self._abort.clear()
         return {"aborted_count": len(queued), "request_ids": [r.request_id for r in queued]}
 
@@ -525,7 +327,7 @@ class InfiniteServer:
     async def update_weights(self, named_tensors: dict) -> int:
         """Load (a bucket of) new weights by HF parameter name into the engine (its ``load_weights``), between
         batches; returns how many tensors were loaded."""
-        async with self._lock:  # never under a decoding batch (vLLM refuses weights with requests in flight)
+        async with self._engine_lock:  # never under a decoding batch (vLLM refuses weights with requests in flight)
             return await asyncio.to_thread(self.engine.load_weights, list(named_tensors.items()))
 
     def get_metrics(self) -> dict:
@@ -537,66 +339,6 @@ class InfiniteServer:
         with self._metrics_lock:
             metrics, self._step_metrics = self._step_metrics, {}
         return metrics
-
-
-# How the infsample/* metrics of several rollouts combine. Batches of one server run one after another (times and
-# steps add up); replicas run side by side (the slowest one is the step's rollout time). Counts always add up.
-_SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infsample/joined", "infsample/total_tokens",
-        "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens",
-        "infsample/probes", "infsample/probe_continuations", "infsample/probe_skipped")
-_SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms", "infsample/wall_s")  # sum in a server, max across
-_MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size")
-
-
-def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
-    """Combine ``infsample/*`` metric dicts: of one server's successive batches (``parallel=False``) or of several
-    replicas' step totals (``parallel=True``). Keys outside the known ones are dropped; empty dicts are ignored."""
-    metrics = [m for m in metrics if m]
-    out: dict = {}
-    for key in _SUM + _SEQUENTIAL + _MAX:
-        values = [m[key] for m in metrics if key in m]
-        if not values:
-            continue
-        out[key] = max(values) if key in _MAX or (parallel and key in _SEQUENTIAL) else sum(values)
-    if parallel and metrics:
-        out["infsample/replicas"] = len(metrics)
-    return out
-
-
-def _lower_bound_steps(res, capacity) -> int:
-    """No schedule decodes this batch in fewer steps: max(longest sample, ceil(tokens / M)); under a KV budget,
-    the longest sample (the budget's own bound needs the prompts: see ``engines.simulated``)."""
-    lengths = [len(o.token_ids) for group in res.outputs for o in group]
-    longest = max(lengths, default=0)
-    if capacity.slots is not None:
-        return max(longest, -(-sum(lengths) // capacity.slots))
-    return longest
-
-
-class RolloutAborted(Exception):
-    """Raised in the rollout thread once ``abort_all_requests`` asks; carries the scheduler (None: never started)."""
-
-    def __init__(self, sched):
-        super().__init__("rollout aborted by abort_all_requests")
-        self.sched = sched
-
-
-def _aborted_results(members: list[_RequestGroup], sched) -> list[tuple[_Request, tuple]]:
-    """Every request of an aborted engine rollout: its tokens so far, "completed" if its sample had finished."""
-    by_group: dict[int, list] = {}
-    for s in sorted(sched.samples, key=lambda s: s.key) if sched is not None else []:
-        by_group.setdefault(s.group, []).append(s)
-    results = []
-    for g, group in enumerate(members):
-        samples = by_group.get(g, [None] * len(group.requests))
-        for r, s in zip(group.requests, samples):
-            if s is None:
-                results.append((r, ([], [], 0, "aborted")))
-            else:
-                state = s.engine_state if isinstance(s.engine_state, DecodeState) else DecodeState()
-                results.append((r, (list(state.tokens), list(state.logprobs), s.preemptions,
-                                    "completed" if state.finish is not None else "aborted")))
-    return results
 
 
 def build_engine(settings, rollout, model_path: str):
