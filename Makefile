@@ -51,7 +51,7 @@ bench: setup
 # Two workers, a test file each at a time (the end-to-end runs in one, the rest beside them): the unit tests run on
 # one core, so the second is free while they run.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # The edit loop: the unit tests alone (no Ray, trainer or engine: the `integration` marker, tests/conftest.py).
 test-fast: setup

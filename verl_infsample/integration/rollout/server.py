@@ -313,9 +313,11 @@ class InfiniteServer:
 
     async def pop_finished_lengths(self) -> list[tuple[str, int]]:
         """(``prompt_key``, response length) of every sample finished since the last call: how the group-affinity
-        router (``router.GroupAffinityRouter``) learns lengths. The newest ``FINISHED_LENGTHS_KEPT`` are kept."""
-        lengths = list(self._finished_lengths)
-        self._finished_lengths.clear()
+        router (``router.GroupAffinityRouter``) learns lengths. The newest ``FINISHED_LENGTHS_KEPT`` are kept. Taken
+        one at a time: the rollout thread may append while this runs, and none of its lengths is lost."""
+        lengths = []
+        while self._finished_lengths:
+            lengths.append(self._finished_lengths.popleft())
         return lengths
 
     async def start_profile(self, **kwargs):
