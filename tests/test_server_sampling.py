@@ -57,10 +57,14 @@ def test_stop_token_ids_end_a_response_at_the_stop_and_ignore_eos_runs_past_eos(
 
 
 def test_a_requests_seed_fixes_its_samples(server, tiny_prompts):
+    """The README's meaning of ``seed`` on this engine: it keys its group's streams (seed, prompt, sample index), so
+    the same requests with the same seed give the same tokens again, while the group's samples differ from each
+    other (under vLLM, identical requests with one seed return identical tokens)."""
     prompt = tiny_prompts[0][2]
     a = [o.token_ids for o in generate(server, prompt, 4, seed=11)]
     assert a == [o.token_ids for o in generate(server, prompt, 4, seed=11)]
     assert a != [o.token_ids for o in generate(server, prompt, 4, seed=12)]
+    assert len({tuple(t) for t in a}) > 1
 
 
 def test_requests_that_differ_in_a_parameter_are_not_one_group(server, tiny_prompts):

@@ -51,8 +51,9 @@ WORKLOADS = {
     "varying": Workload(ROOT / "examples" / "chains" / "run_grpo_cpu.sh", "modes", seeded=False,
                         infinite_overrides=("actor_rollout_ref.rollout.custom.predictor='learned:k=1'",)),
 }
-COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "preemptions", "tokens_computed",
-           "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm"]
+COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "lower_bound_steps", "preemptions",
+           "tokens_computed", "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm",
+           "steps_vs_lower_bound"]
 
 
 @dataclass
@@ -71,6 +72,10 @@ class VerlBenchRow:
     kv_blocks: int
     kv_block_size: int
     verl_gen_s: float  # verl's own timing_s/gen, for reference
+    # per step max(longest response, ceil(generated tokens / max_num_seqs)), summed: no schedule takes fewer steps
+    # (where the backends' samples differ, unseeded, this is what they compare by)
+    lower_bound_steps: int = 0
+    steps_vs_lower_bound: float | None = None
     gen_s_vs_vllm: float | None = None  # this row's gen_s / verl vLLM's at the same n
     steps_vs_vllm: float | None = None
 
@@ -145,6 +150,9 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRo
         raise RuntimeError(f"bench-verl: the {backend} run at n={n} failed (rc {proc.returncode}); its log: "
                            f"{work / f'{backend}_n{n}.log'}\n{output[-3000:]}")
 
+    lower_bound = int(sum(max(m.get("response_length/max", 0.0), -(-m.get("infsample/total_tokens", 0.0) // args.slots))
+                          for m in steps.values()))
+
     def total(key: str) -> float:
         return sum(m.get(f"infsample/{key}", 0.0) for m in steps.values())
 
@@ -158,7 +166,9 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRo
                         cached_prompt_tokens=int(total("cached_prompt_tokens")),
                         peak_kv_blocks=peak("peak_kv_blocks"), kv_blocks=peak("kv_blocks"),
                         kv_block_size=peak("kv_block_size"),
-                        verl_gen_s=round(sum(m.get("timing_s/gen", 0.0) for m in steps.values()), 2))
+                        verl_gen_s=round(sum(m.get("timing_s/gen", 0.0) for m in steps.values()), 2),
+                        lower_bound_steps=lower_bound,
+                        steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None)
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:
