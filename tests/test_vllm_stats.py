@@ -1,6 +1,7 @@
 """``vllm_stats``: one figure set, from vLLM's own per-step stats, for verl's vLLM server and ours; and the cleanup
 of what a CPU run leaves in /dev/shm and /tmp (``integration.cpu.leftovers``)."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -68,16 +69,19 @@ def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path)
     held, stale = (f"/tmp/vllm_dist_{uuid.uuid4().hex}" for _ in range(2))  # torch.distributed rendezvous files
     held_file = open(held, "wb")  # a live vLLM's
     open(stale, "wb").close()
+    lock = multiprocessing.get_context("spawn").Lock()  # a live pool's semaphore, mapped under another name
+    live_sem = next(n for n in shm.listing() - before if n.startswith("sem.mp-"))
     try:
         assert {kept.name, orphan.name, bound, dead, held, stale} <= shm.listing() - before
         removed = shm.remove_left_behind(before)
         assert sorted(removed) == sorted([orphan.name, dead, stale])
-        assert {kept.name, bound, held} <= shm.listing() and not {orphan.name, dead, stale} & shm.listing()
+        assert {kept.name, bound, held, live_sem} <= shm.listing() and not {orphan.name, dead, stale} & shm.listing()
         snapshot = tmp_path / "shm"
         subprocess.run([sys.executable, "-m", "verl_infsample.integration.cpu.leftovers", "snapshot", str(snapshot)],
                        check=True)
         assert set(snapshot.read_text().split()) == shm.listing()
     finally:
+        del lock
         listening.close()
         held_file.close()
         for path in (bound, dead, held, stale):

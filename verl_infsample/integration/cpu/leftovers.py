@@ -39,13 +39,19 @@ def listing() -> set[str]:
 
 def in_use() -> set[str]:
     """Names under /dev/shm that a live process maps or holds open, files of /tmp held open, and bound unix socket
-    paths (as far as /proc lets this user see)."""
+    paths (as far as /proc lets this user see). A mapping is matched by its inode too: glibc's ``sem_open`` maps a
+    semaphore under a temporary name and then links it to its own (``sem.mp-*``: a live multiprocessing lock), so
+    /proc shows the name it no longer has."""
     used: set[str] = set()
+    inodes: set[int] = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             for line in (proc / "maps").read_text().splitlines():
                 if "/dev/shm/" in line:
                     used.add(line.split("/dev/shm/", 1)[1].split(" ", 1)[0])
+                    fields = line.split()
+                    if len(fields) > 4 and fields[4].isdigit():
+                        inodes.add(int(fields[4]))
             for fd in (proc / "fd").iterdir():
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
@@ -54,6 +60,13 @@ def in_use() -> set[str]:
                     used.add(target)
         except OSError:
             continue
+    if inodes and SHM.is_dir():
+        for entry in os.scandir(SHM):
+            try:
+                if entry.inode() in inodes:
+                    used.add(entry.name)
+            except OSError:
+                continue
     try:
         for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
             parts = line.split()
