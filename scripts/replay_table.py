@@ -111,9 +111,16 @@ def markdown(rows: list[dict]) -> str:
         v = cell["vllm"]
         lines.append("| " + " | ".join([str(key[0]), str(key[1]), f"{key[2] // 1024}k", f"{key[3]} ({v['kv_blocks']})",
                                         key[4], str(v["engine_steps"]), f"{v['model_s']:.0f}",
-                                        *[f"{cell[b]['steps_vs_vllm']:.3f} / {cell[b]['time_vs_vllm']:.3f}"
-                                          if b in cell else "-" for b in others]]) + " |")
+                                        *[_ratios(cell[b]) if b in cell else "-" for b in others]]) + " |")
     return "\n".join(lines)
+
+
+def _ratios(row: dict) -> str:
+    """Steps / seconds against verl's vllm, and for infinite the share of the step gap to the oracle it closed."""
+    text = f"{row['steps_vs_vllm']:.3f} / {row['time_vs_vllm']:.3f}"
+    if row["backend"].startswith("infinite") and row.get("gap_closed") is not None:
+        text += f" ({row['gap_closed']:.0%})"
+    return text
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
                 multimodal=bool(args) or any(kwargs.get(k) for k in ("image_data", "video_data", "audio_data",
                                                                      "mm_processor_kwargs")),
                 routed_experts=bool(self.config.enable_rollout_routing_replay),
-                kv_transfer=kwargs.get("kv_transfer_params") is not None)
+                kv_transfer=kwargs.get("kv_transfer_params") is not None or bool(self._pd_decode_peers))
             if refusal is not None:
                 self._counts["probe_skipped"] += 1
                 if refusal not in self._refusals_logged:
