@@ -135,6 +135,7 @@ def two_replicas(ray_local, tiny_model_dir):
     from verl.workers.rollout.llm_server import LLMServerManager
 
     cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                  "trainer.device=cpu",  # the transformers engine's servers: the router the config presets for them
                   "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=32",
                   "actor_rollout_ref.rollout.prompt_length=64", "actor_rollout_ref.rollout.custom.slots=4",
                   "actor_rollout_ref.rollout.custom.threads=1", "actor_rollout_ref.rollout.custom.batch_window_ms=100")
@@ -258,7 +259,7 @@ def _lpt_spread(works: list[int], replicas: int) -> int:
 def _decoding(server) -> bool:
     import ray
 
-    return ray.get(server.__ray_call__.remote(lambda srv: srv._lock.locked()))
+    return ray.get(server.__ray_call__.remote(lambda srv: srv._engine_lock.locked()))
 
 
 @pytest.mark.timeout(600)
