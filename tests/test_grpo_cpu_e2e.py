@@ -10,8 +10,7 @@ user would (1.5-2.5 minutes a run on 2 cores).
   probes: verl's aborts land in probes and rests alike, and every sample comes back).
 
 ``rollout.name=infinite`` in the sync mode on vLLM (with probes), and verl's own ``rollout.name=vllm``, run through
-verl's tool agent loop in ``test_tool_agent_vllm.py`` and ``test_tool_agent_grpo.py``, with the same
-weight-sync check.
+verl's tool agent loop in ``test_tool_agent.py``, with the same weight-sync check.
 
 Both read verl's ``step:1`` / ``step:2`` console lines. The sync-mode runs (there and in ``test_grpo_exact.py``)
 also check that the weights verl syncs to the rollout each step are the ones it decodes with: with a learning rate

