@@ -3,7 +3,10 @@
 --ceiling 24 --json`` on several seeds, one table row per figure, and the JSON lines under OUT.
 
     .venv/bin/python scripts/predictor_figures.py [--variant modes] [--seeds 0-5] [--out artifacts/predictor]
-        [--kv-budget 2000] [--predictor learned:k=8,q=0.8] [--ceiling 0]
+        [--kv-budget 2000] [--predictor learned:k=8,q=0.8] [--ceiling 0] [EVAL-PREDICTOR FLAGS...]
+
+Flags it does not know go to ``infsample eval-predictor`` as they are (``--train-rollouts 1 --test-prompts 2``: a
+smoke run at tiny sizes).
 
 About 1.5 minutes per seed on one core (the rollouts, the replay, a cost rollout and the Monte Carlo ceiling).
 Run it on an otherwise idle machine: the cost column is a share of wall time.
@@ -31,7 +34,7 @@ def main() -> int:
     ap.add_argument("--kv-budget", type=int, default=None, help="run under a KV budget of this many tokens")
     ap.add_argument("--predictor", default=None, help="the spec under test (default learned:k=8)")
     ap.add_argument("--out", default="artifacts/predictor")
-    args = ap.parse_args()
+    args, passthrough = ap.parse_known_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     infsample = Path(sys.executable).parent / "infsample"
@@ -41,6 +44,7 @@ def main() -> int:
                "--ceiling", str(args.ceiling)]
         cmd += ["--kv-budget", str(args.kv_budget)] if args.kv_budget is not None else []
         cmd += ["--predictor", args.predictor] if args.predictor else []
+        cmd += passthrough
         print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
         rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     name = args.variant + (f"_kv{args.kv_budget}" if args.kv_budget is not None else "")

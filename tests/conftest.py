@@ -109,3 +109,14 @@ def _vllm_logit_rules(logits, params, prompt, response) -> list[float]:
 @pytest.fixture
 def vllm_logit_rules():
     return _vllm_logit_rules
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """Ray started locally for a module's tests (never joining another cluster), shut down after them."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()

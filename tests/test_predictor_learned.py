@@ -137,69 +137,43 @@ def test_sibling_lengths_move_waiting_predictions():
 
 
 
-def _regression_by_hand(p: LearnedPredictor, ci: int, row: np.ndarray, generated: int) -> float:
-    """What checkpoint ``ci``'s regressor says for the full feature row ``row``: the model's formula, written out."""
-    y = float(p._w[ci] @ row) + p._drift[ci] + p._z * p._sigma[ci]
-    return min(200.0, max(generated + 1.0, p.checkpoints[ci] + math.exp(min(max(y, 0.0), math.log(200)))))
-
-
-def test_predictions_are_the_regression_on_the_full_feature_rows():
-    """A prediction adds w's products with the group's features, the sibling features and the sample's own apart
-    (no array per prediction; a waiting sample's refresh when a sibling finishes moves the sibling term only): it
-    is exactly what the regressor says for the whole row, and the rows it learns from carry the siblings of their
-    time."""
-    from verl_infsample.predict.features import SIBLINGS, TOKENS, feature_rows
-
+def test_waiting_predictions_follow_siblings_as_a_fresh_predictor_computes_them(tmp_path):
+    """A waiting sample's prediction, refreshed as its siblings finish, is what a predictor that never predicted it
+    before (the same state, loaded) says once it hears of the same siblings; another group's siblings do not move
+    it, and a sample that started keeps the prediction of its start."""
     trace = _token_trace(8, 16, 0)
     p = make_predictor("learned:k=8,min=8", max_len=200)
-    for seed in range(3):  # (under a KV budget, where waiting samples' features follow their siblings)
+    for seed in range(3):  # (under a KV budget, where waiting samples' predictions follow their siblings)
         simulate(_token_trace(8, 16, seed + 1), "infinite", KVBudget(1200), p, max_len=200)
     p.refit()
-    assert min(abs(w) for w in p._w_siblings[1]) > 1e-3  # it learned what siblings say at one token
+    p.save(tmp_path / "state.npz")
+    fresh = make_predictor(f"learned:k=8,min=8,state={tmp_path / 'state.npz'}", max_len=200)
     groups = [Group(t.prompt_id, t.prompt_len, 16) for t in trace[:2]]
-    for t in trace[:2]:
-        p.observe_prompt(t.prompt_id, t.prompt_tokens)
-    p.start_batch(groups)
-    samples = [Sample(uid=g * 16 + i, group=g, index=i, prompt_len=10) for g in range(2) for i in range(16)]
-    for s in samples:  # the first-token lookahead
-        assert p.observe_tokens(groups[s.group], s, TokenWindow(trace[s.group].tokens[s.index][:1]))
-    first = [p.predict(groups[s.group], s) for s in samples]
-    assert len(set(np.round(first, 6))) > 2  # (the first tokens tell the samples apart)
+    samples = {pred: [Sample(uid=g * 16 + i, group=g, index=i, prompt_len=10) for g in range(2) for i in range(16)]
+               for pred in (p, fresh)}
+    for pred in (p, fresh):
+        for t in trace[:2]:
+            pred.observe_prompt(t.prompt_id, t.prompt_tokens)
+        pred.start_batch(groups)
+        for s in samples[pred]:  # the first-token lookahead
+            assert pred.observe_tokens(groups[s.group], s, TokenWindow(trace[s.group].tokens[s.index][:1]))
+    first = [p.predict(groups[s.group], s) for s in samples[p]]
+    assert len(set(np.round(first, 6))) > 2  # the first tokens tell the samples apart
+    started = samples[p][7]
+    started.generated = 4
+    p.observe_tokens(groups[0], started, TokenWindow(trace[0].tokens[7][:4]))
+    at_start = p.predict(groups[0], started)
 
-    def full_row(s):
-        ctx = p._context(groups[s.group])
-        ci, own, siblings = p._live[(groups[s.group].prompt_id, s.index)].snapshots[-1]
-        return ci, feature_rows([ctx], [siblings], [own])[0]
-
-    for s in samples:
-        ci, row = full_row(s)
-        assert row[SIBLINGS:TOKENS].tolist() == [0.0] * 3 and row[TOKENS] > 0  # no sibling yet, one token
-        assert first[s.uid] == pytest.approx(_regression_by_hand(p, ci, row, 0), rel=1e-12)
-
-    # three samples of group 0 finish: the others, still waiting, are re-predicted with the new sibling features
-    for s in samples[:3]:
-        p.observe(groups[0], s, 40 + s.index)
-    three = (1.0, sum(math.log(40 + i) for i in range(3)) / 3 / 5.0, 3 / 16)
-    assert p._context(groups[0]).siblings == pytest.approx(three)
-    for s in samples[3:16]:
-        prediction = p.predict(groups[0], s)
-        ci, row = full_row(s)
-        assert row[SIBLINGS:TOKENS].tolist() == pytest.approx(three)
-        assert prediction == pytest.approx(_regression_by_hand(p, ci, row, 0), rel=1e-12)
-    assert p.predict(groups[0], samples[5]) != pytest.approx(first[5], rel=1e-6)  # (the siblings moved it)
-    assert p.predict(groups[1], samples[20]) == first[20]  # another group's siblings did not
-
-    # a sample that starts keeps the siblings of its start; the rows learned carry the siblings of their time
-    s = samples[7]
-    s.generated = 4
-    p.observe_tokens(groups[0], s, TokenWindow(trace[0].tokens[7][:4]))
-    p.observe(groups[0], s, 50)
-    assert p._context(groups[0]).siblings[2] == 4 / 16
-    assert [r[2] for r in p._rows[1]] == [(0.0, 0.0, 0.0)] * 3 + [pytest.approx(three)]  # 0-2 had no sibling
-    (ctx4, own4, siblings4, y4), = p._rows[2]
-    assert siblings4 == pytest.approx(three) and y4 == pytest.approx(math.log(50 - 4))
-    p._fold(2)  # the row learned: the group's features, those siblings, its own 4 tokens
-    assert p._batch_x[2, SIBLINGS:TOKENS].tolist() == pytest.approx(list(three))
+    for pred in (p, fresh):  # three samples of group 0 finish long
+        for s in samples[pred][:3]:
+            pred.observe(groups[0], s, 150 + s.index)
+    for s, f in zip(samples[p][3:16], samples[fresh][3:16]):
+        if s is not started:
+            assert p.predict(groups[0], s) == pytest.approx(fresh.predict(groups[0], f), rel=1e-9)
+    moved = [p.predict(groups[0], s) / first[s.uid] for s in samples[p][3:16] if s is not started]
+    assert min(moved) > 1.05  # long siblings raised every waiting sample's prediction
+    assert [p.predict(groups[1], s) for s in samples[p][16:]] == first[16:]  # another group's siblings did not
+    assert p.predict(groups[0], started) == at_start  # it keeps the siblings of its start
 
 
 def test_save_load_warm_start_and_mismatch(tmp_path):

@@ -191,3 +191,46 @@ def test_the_plan_size_benchmark_prints_a_row_per_m(capsys):
     for r in rows[:-1]:
         assert r["plan_ms"] > 0 and r["steps_vs_bound"] >= 1.0 and r["eps_guaranteed"] <= 0.02
         assert "fptas" in r["plan_method"] or "lpt" in r["plan_method"], r["plan_method"]  # the plan, no fallback
+
+
+def test_the_simulator_figures_script_reproduces_the_readme_table(tmp_path):
+    """scripts/sim_figures.sh runs every command it lists, draws its plots, and its first comparison prints the
+    README's table of decode steps (the paper's setting) figure for figure."""
+    import re
+    import subprocess
+
+    run = subprocess.run(["bash", str(SCRIPTS / "sim_figures.sh"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("$ infsample ") == 11
+    assert (tmp_path / "paper_slots.png").stat().st_size > 0 and (tmp_path / "batch_kv.png").stat().st_size > 0
+    first = run.stdout.split("$ infsample")[2]  # the paper's setting under 8 slots
+    printed = {line.split()[0]: line.split()[2:5] for line in first.splitlines()[3:] if line.strip()[:1].isalpha()}
+    readme = (SCRIPTS.parent / "README.md").read_text()
+    table = readme[readme.index("**Decode steps against the lower bound**"):]
+    for policy in ("naive", "continuous", "infinite", "oracle"):
+        row = re.search(rf"^\| `{policy}`[^|]*\| (\d+) \| ([\d.]+) \| (\d+) \|$", table, re.M)
+        assert row, policy
+        steps, vs_bound, peak_kv = row.groups()
+        assert printed[policy][0] == steps and printed[policy][2] == vs_bound, (policy, printed[policy])
+    bound = re.search(r"\| policy \| decode steps \| / lower bound \((\d+)\)", table).group(1)
+    assert printed["infinite"][1] == bound
+
+
+@pytest.mark.integration  # it rolls out the tiny model
+def test_the_predictor_figures_script_at_tiny_sizes(tmp_path):
+    """scripts/predictor_figures.py (the README's learned-predictor table) end to end at tiny sizes: a row per
+    figure, a column per seed, the JSON line of each seed under OUT."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(SCRIPTS / "predictor_figures.py"), "--seeds", "0", "--ceiling", "2",
+                          "--out", str(tmp_path), "--train-rollouts", "1", "--train-prompts", "2", "--train-group",
+                          "4", "--test-prompts", "2", "--test-group", "8", "--max-len", "32"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| seed | 0 |" and len(rows) == 7 and all(r.count("|") == 3 for r in rows)
+    (record,) = [json.loads(line) for line in (tmp_path / "modes.jsonl").read_text().splitlines()]
+    assert record["decode_steps"]["oracle"] <= record["decode_steps"]["learned"]
+    assert -1 <= record["kendall_tau"] <= 1

@@ -248,16 +248,6 @@ def test_main_ppo_rejects_a_bad_key_before_starting_ray(tmp_path):
     assert "ray init kwargs" not in proc.stdout  # it never reached ray.init
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,  # never join another cluster
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    yield ray
-    ray.shutdown()
-
-
 async def _serve_and_generate(cfg, prompts, n, *, session_ids: bool):
     import ray
     from verl.workers.rollout.llm_server import LLMServerManager

@@ -5,7 +5,7 @@ import asyncio
 import time
 
 import pytest
-from test_verl_rollout import compose, ray_local  # noqa: F401 - ray_local is a fixture (Ray started locally)
+from test_verl_rollout import compose
 
 import verl_infsample
 

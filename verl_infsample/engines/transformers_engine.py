@@ -184,15 +184,15 @@ class TransformersEngine:
             raise
         sched_groups = sched.groups
         self._ready(sched.samples)
-        step_hook = on_step
-        if arrivals is not None:
-            def step_hook(sched: Scheduler) -> None:
-                if on_step is not None:
-                    on_step(sched)
-                if (joining := arrivals()) is not None:
-                    self._join(sched, joining)
+        def step_with_arrivals(sched: Scheduler) -> None:
+            if on_step is not None:
+                on_step(sched)
+            if (joining := arrivals()) is not None:
+                self._join(sched, joining)
+
         try:
-            timing = run_rollout(self, sched, on_step=step_hook, on_finished=on_finished)
+            timing = run_rollout(self, sched, on_step=on_step if arrivals is None else step_with_arrivals,
+                                 on_finished=on_finished)
         finally:
             self._free_all(sched.samples)
         # the lookahead's prompt passes kept as prefills, its samples' random streams and their first tokens are the

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,9 +156,7 @@ class InfiniteBackend:
             placed = [where[s.request_id] for s in arrivals]
         else:
             placed = asyncio.run(self._acquire_all(arrivals))
-        sizes: dict[str, int] = {}
-        for s in arrivals:
-            sizes[s.prompt_id] = sizes.get(s.prompt_id, 0) + 1
+        sizes = Counter(s.prompt_id for s in arrivals)
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         for s, replica in zip(arrivals, placed):
             out[replica].append(self._request(self.orders[replica], s, sizes[s.prompt_id]))
