@@ -48,10 +48,10 @@ demo: setup
 bench: setup
 	$(BIN)/python -m verl_infsample.bench.suite
 
-# Two workers, a test file each at a time (the end-to-end runs in one, the rest beside them): the unit tests run on
-# one core, so the second is free while they run.
+# Two workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): the unit
+# tests run on one core, so the second is free while they run.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # The edit loop: the unit tests alone (no Ray, trainer or engine: the `integration` marker, tests/conftest.py).
 test-fast: setup

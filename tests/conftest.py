@@ -23,11 +23,23 @@ INTEGRATION_MODULES = {"test_grpo_cpu_e2e", "test_grpo_exact", "test_tool_agent"
                        "test_cpu_platform", "test_predictor_learned"}
 
 
+# The longest files first (their trainer launches and model builds; ``make test --durations`` shows them), the rest
+# in file order: ``make test`` hands files to its two workers in this order (``--no-loadscope-reorder``), so the
+# longest starts at once and the short ones fill in beside it.
+LONGEST_FIRST = ("test_tool_agent", "test_grpo_exact", "test_grpo_cpu_e2e", "test_predictor_learned",
+                 "test_verl_rollout", "test_vllm_engine", "test_replay", "test_scripts", "test_verl_router")
+
+
+def _module(item) -> str:
+    return item.module.__name__.rpartition(".")[2] if item.module else ""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module else ""
-        if module in INTEGRATION_MODULES or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if _module(item) in INTEGRATION_MODULES or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    rank = {m: i for i, m in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))
 
 
 def pytest_unconfigure(config):

