@@ -202,8 +202,8 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
             "--max-num-batched-tokens", "512", "--json"]
     assert cli([*args, "--plot", str(tmp_path / "p.png")]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
-    assert [(r["backend"], r["step"]) for r in rows] == [(b, s) for s in (0, 1) for b in ("vllm", "infinite",
-                                                                                           "oracle", "transformers")]
+    assert [(r["backend"], r["step"]) for r in rows] == [
+        (b, s) for s in (0, 1) for b in ("vllm", "infinite", "infinite-late", "oracle", "transformers")]
     for r in rows:
         for key in ("predictor", "engine_steps", "lower_bound_steps", "model_s", "preemptions", "recomputed_tokens",
                     "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):
@@ -213,6 +213,38 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
     assert cli(args) == 0
     again = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert again == rows
+
+
+def test_late_binding_answers_every_sample_once_and_ends_the_replicas_together():
+    """One queue over two replicas of 4 slots, each holding at most ``room`` requests: every sample (probed ones
+    too) is answered once at its length, and where binding each request at arrival (alternately, as verl's router
+    spreads a burst) leaves one replica all the long samples, the replicas taking the next request when they have
+    room end together and sooner. With room for one request each, a replica decodes one sample at a time."""
+    from verl_infsample.replay.late_binding import replay_late_bound
+
+    setup = ReplicaSetup(num_blocks=400, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024,
+                         scheduling_policy="priority")
+    cost = StepCostModel(GPUS["h200"], QWEN8)
+    tokens = prompt_token_ids("p", 40, QWEN8.vocab)
+    lengths = [300, 20] * 12
+    queue = [ReplayRequest(f"r{i}", tokens, n) for i, n in enumerate(lengths)]
+    queue[5] = ReplayRequest("r5-probe", tokens, 8, rest=ReplayRequest("r5", (), lengths[5] - 8))
+
+    def replica():
+        return ReplicaReplay(model_config_dir(QWEN8), setup, cost, QWEN8.vocab)
+
+    early = [replica().run(queue[i::2]) for i in range(2)]
+    late = replay_late_bound([replica(), replica()], queue, room=5)
+    answered = sorted(f for res in late for f in res.finished)
+    assert answered == sorted((f"r{i}", n) for i, n in enumerate(lengths))
+    assert sum(r.probes for r in late) == 1
+    late_steps, early_steps = [r.engine_steps for r in late], [r.engine_steps for r in early]
+    assert max(late_steps) < max(early_steps) and max(late_steps) - min(late_steps) <= 300 < max(early_steps) - min(
+        early_steps)
+    one_at_a_time = replay_late_bound([replica(), replica()], queue, room=1)
+    assert all(r.running_step_sum == r.engine_steps for r in one_at_a_time)  # one row every step
+    with pytest.raises(ValueError, match="room must be >= 1"):
+        replay_late_bound([replica()], queue, room=0)
 
 
 def test_event_to_event_equals_step_by_step_on_random_settings():

@@ -373,3 +373,41 @@ def test_fully_async_client_carries_aborted_requests_over_the_resume(two_replica
     assert len(outs) == sum(sizes)
     assert all(o.stop_reason in ("completed", "length") and 1 <= len(o.token_ids) <= 32 for o in outs)
     assert all(len(o.log_probs) == len(o.token_ids) for o in outs)
+
+
+@pytest.mark.timeout(600)
+def test_a_replica_that_dies_fails_its_requests_loudly_and_the_other_serves_its_own(two_replicas, router_prompts):
+    """A replica's server dies while its requests decode (last in this file: it kills one of the module's replicas):
+    each of its requests raises Ray's actor-died error to verl's client, none returns an empty or cut-short output,
+    and the other replica's requests come back complete."""
+    import ray
+
+    cfg, mgr, servers = two_replicas
+    sizes = [8, 8, 8, 8]
+
+    async def scenario():
+        client = mgr.get_client()
+
+        async def one(request_id, prompt, i):
+            return await client.generate(request_id=request_id, prompt_ids=prompt, sampling_params=dict(SAMPLING),
+                                         session_id=i)
+
+        ids = [(f"die-p{p}-s{i}", prompt, i) for p, prompt in enumerate(router_prompts[:4]) for i in range(sizes[p])]
+        inflight = asyncio.ensure_future(asyncio.gather(*[one(*x) for x in ids], return_exceptions=True))
+        deadline = time.monotonic() + 60
+        while not all(_decoding(s) for s in servers):  # the groups went to both replicas: both decode
+            assert time.monotonic() < deadline and not inflight.done(), "a replica never started decoding"
+            await asyncio.sleep(0.01)
+        routes = _routes(mgr.global_load_balancer)
+        ray.kill(servers[0], no_restart=True)
+        return [x[0] for x in ids], routes, await asyncio.wait_for(inflight, 120)
+
+    ids, routes, outs = asyncio.run(scenario())
+    server_ids = ray.get(mgr.global_load_balancer.__ray_call__.remote(
+        lambda lb: {sid: handle._actor_id.hex() for sid, handle in lb._servers.items()}))
+    dead = next(sid for sid, actor in server_ids.items() if actor == servers[0]._actor_id.hex())
+    on_dead = [out for rid, out in zip(ids, outs) if routes[rid] == dead]
+    on_live = [out for rid, out in zip(ids, outs) if routes[rid] != dead]
+    assert on_dead and on_live
+    assert all(isinstance(o, ray.exceptions.RayActorError) for o in on_dead), on_dead
+    assert all(not isinstance(o, BaseException) and o.stop_reason == "completed" and o.token_ids for o in on_live)

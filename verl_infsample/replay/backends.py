@@ -15,6 +15,8 @@ priority. What each does is the real code's doing, called here, not re-told:
   its prediction is known (``revealed``), then its rest at that prediction's place. A rest's priority is computed
   when the step is routed, from what the predictor knew then and the sample's own prediction (a live server also
   hears of siblings that finish during the step).
+- ``infinite-late``: ``infinite`` with late binding (``late_binding``): one predictor and one order for the step,
+  the requests in one queue in that order, each replica taking the next when it has room.
 - ``oracle``: the ``infinite`` mechanism told each sample's true length at submission (router and priorities, no
   probe): what it would do with exact predictions.
 - ``transformers``: ``custom.engine=transformers``, our own engine (``transformers_engine``): ``infinite``'s router,
@@ -37,7 +39,7 @@ from ..core.sample import prompt_key
 from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
-BACKENDS = ("vllm", "infinite", "oracle", "transformers")
+BACKENDS = ("vllm", "infinite", "infinite-late", "oracle", "transformers")
 ROUTERS = ("verl", "group_affinity")  # infinite's router: verl's own (the product's on vLLM), or ours
 
 
@@ -80,6 +82,7 @@ class VerlVLLMBackend:
     name = "vllm"
     engine = "vllm"
     scheduling_policy = "fcfs"
+    late_binding = False
 
     def __init__(self, replicas: int, seed: int = 0):
         self.replicas = replicas
@@ -112,12 +115,14 @@ class InfiniteBackend:
     scheduling_policy = "priority"
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
-                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0):
+                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0,
+                 late_binding: bool = False):
         from ..integration.rollout.vllm_order import VLLMRequestOrder
         from ..predict import make_predictor
         from .revealed import RevealedByProbe
 
-        self.name = "oracle" if oracle else "infinite"
+        self.name = "oracle" if oracle else "infinite-late" if late_binding else "infinite"
+        self.late_binding = late_binding
         self.predictor = "oracle" if oracle else predictor
         self.replicas = replicas
         self.oracle = oracle
@@ -130,7 +135,10 @@ class InfiniteBackend:
                 p = RevealedByProbe(p, probe_tokens, max_response_length)
             return p
 
-        self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
+        if late_binding:  # one order for the step's queue, learning from every replica
+            self.orders = [VLLMRequestOrder(ordering, predictor_of_replica())] * replicas
+        else:
+            self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
         self._requests: dict[str, object] = {}  # request id -> its OrderedRequest, until it finishes
         if router not in ROUTERS:
             raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
@@ -145,8 +153,13 @@ class InfiniteBackend:
         return GroupAffinityRouter({f"replica{i}": i for i in range(self.replicas)}, lengths_from_servers=False)
 
     def route(self, arrivals: list[StepSample]) -> list[list[ReplayRequest]]:
-        for order in self.orders:
+        """Each replica's requests in arrival order; with late binding, one list: the step's queue in its order."""
+        for order in set(self.orders):
             order.new_step()  # verl's weight sync before the step
+        if self.late_binding:
+            sizes = Counter(s.prompt_id for s in arrivals)
+            queue = [self._request(self.orders[0], s, sizes[s.prompt_id]) for s in arrivals]
+            return [sorted(queue, key=lambda r: r.priority)]  # vLLM's order: lowest first, ties by arrival
         if self.oracle:  # the router books each group by its exact mean length this step
             self.router = self._new_router()
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), s.length) for s in arrivals])
@@ -192,7 +205,8 @@ class InfiniteBackend:
             lengths = []
             for s, length in done:
                 lengths.append((self.orders[replica].finished(self._requests.pop(s.request_id), length), length))
-                self.router.release_server(f"replica{replica}", s.request_id)
+                if not self.late_binding:
+                    self.router.release_server(f"replica{replica}", s.request_id)
             self.router.observe_lengths(lengths)
 
 
@@ -221,9 +235,9 @@ def make_backend(name: str, replicas: int, predictor: str, max_response_length: 
                  router: str = "group_affinity", probe_tokens: int = 0):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
-    if name in ("infinite", "oracle"):
+    if name in ("infinite", "infinite-late", "oracle"):
         return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
-                               router=router, probe_tokens=probe_tokens)
+                               router=router, probe_tokens=probe_tokens, late_binding=name == "infinite-late")
     if name == "transformers":
         return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

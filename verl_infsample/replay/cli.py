@@ -38,6 +38,9 @@ def add_replay_parser(sub) -> None:
                    help="with noisy:SIGMA or oracle, infinite probes each sample's first K tokens and learns its "
                         "prediction then, as the product's learned predictor does on vLLM (0: predictions at "
                         "submission, no probe)")
+    p.add_argument("--late-buffer", type=float, default=0.25,
+                   help="infinite-late: requests waiting inside each vLLM beyond --max-num-seqs, as a share of it "
+                        "(the rest of the step waits in the plan's queue)")
     p.add_argument("--router", default="verl", choices=["group_affinity", "verl"],
                    help="infinite's router: verl's own (requests spread by requests in flight; what "
                         "rollout.name=infinite uses on vLLM) or ours (groups whole, by predicted work)")
@@ -65,7 +68,7 @@ def cmd_replay(args) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, max_response_length=args.max_response_length,
         agent_workers=args.agent_workers, backends=backends, predictor=args.predictor, router=args.router,
-        probe_tokens=args.probe_tokens, seed=args.seed,
+        probe_tokens=args.probe_tokens, late_buffer=args.late_buffer, seed=args.seed,
         calibration=Calibration.from_file(args.calibration) if args.calibration else Calibration(),
         workers=args.workers, keep_timeline=bool(args.plot))
     config.check()

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.trace import TracePrompt, rollout_steps
 from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
+from .late_binding import replay_late_bound
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
 
 
@@ -39,6 +40,7 @@ class ReplayConfig:
     predictor: str = "history"
     router: str = "verl"  # infinite's and oracle's: verl's own (the product's on vLLM), or "group_affinity" (ours)
     probe_tokens: int = 16  # infinite with a trace's prediction (noisy, oracle): it is revealed after this probe
+    late_buffer: float = 0.25  # infinite-late: requests waiting in each vLLM beyond max_num_seqs, a share of it
     seed: int = 0
     calibration: Calibration = field(default_factory=Calibration)
     workers: int = 2  # processes replaying replicas side by side
@@ -52,6 +54,8 @@ class ReplayConfig:
             bad("gpu", f"unknown {self.gpu!r}; choose from {', '.join(GPUS)}")
         if self.model not in MODELS:
             bad("model", f"unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        if not self.late_buffer >= 0:
+            bad("late_buffer", f"must be >= 0 (a share of --max-num-seqs), got {self.late_buffer}")
         if self.probe_tokens < 0:
             bad("probe_tokens", f"must be >= 0 (0: predictions at submission, no probe), got {self.probe_tokens}")
         for key in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "agent_workers",
@@ -75,6 +79,11 @@ class ReplayConfig:
             bad("backend", "name at least one")
         if self.router not in ROUTERS:
             bad("router", f"unknown {self.router!r}; choose from {', '.join(ROUTERS)}")
+
+    @property
+    def late_room(self) -> int:
+        """Requests each replica holds under late binding: ``max_num_seqs`` running and the buffer waiting."""
+        return self.max_num_seqs + math.ceil(self.late_buffer * self.max_num_seqs)
 
     @property
     def cost(self) -> StepCostModel:
@@ -113,16 +122,26 @@ class StepRow:
         return asdict(self)
 
 
-def _replay_replica(job) -> tuple[int, int, ReplicaResult]:
-    """A worker process's job: one replica of one backend (its index and replica index travel with it)."""
+LATE = -1  # a job's replica index when it runs every replica of a late-binding backend
+
+
+def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]:
+    """A worker process's job: one replica of one backend (its index and replica index travel with it), or (replica
+    ``LATE``) every replica of a late-binding backend side by side, from the step's queue."""
     key, replica, config, policy, requests = job
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                          max_model_len=_max_model_len(requests), scheduling_policy=policy)
-    replay = ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
-                           keep_timeline=config.keep_timeline)
-    return key, replica, replay.run(requests)
+
+    def replica_replay():
+        return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
+                             keep_timeline=config.keep_timeline)
+
+    if replica == LATE:
+        return key, replica, replay_late_bound([replica_replay() for _ in range(config.replicas)], requests,
+                                               config.late_room)
+    return key, replica, replica_replay().run(requests)
 
 
 @contextlib.contextmanager
@@ -174,8 +193,9 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
             samples = step_samples(prompts, step_index, cap, model.vocab)
             arrivals = agent_loop_arrivals(samples, config.agent_workers)
             routed = [b.route(arrivals) for b in backends]
-            jobs = [(k, r, config, b.scheduling_policy, reqs) for k, (b, per_replica) in enumerate(zip(backends, routed))
-                    for r, reqs in enumerate(per_replica) if reqs]
+            jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, reqs)
+                    for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
+                    if reqs]
             on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
             on_vllm.sort(key=lambda j: -sum(q.length for q in j[4]))  # the longest first: the workers end together
             results: dict[tuple[int, int], ReplicaResult] = {}
@@ -186,9 +206,10 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
                     if progress is not None:
                         progress(1)
             for key, replica, res in replayed:
-                results[(key, replica)] = res
-                if progress is not None:
-                    progress(1)
+                for r, one in (enumerate(res) if replica == LATE else [(replica, res)]):
+                    results[(key, r)] = one
+                    if progress is not None:
+                        progress(1)
             by_id = {s.request_id: s for s in samples}
             for k, b in enumerate(backends):
                 per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]

@@ -138,26 +138,48 @@ class ReplicaReplay:
     def run(self, requests: list[ReplayRequest]) -> ReplicaResult:
         """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish (a probe's rest goes in as
         its probe ends)."""
+        res = self.start()
+        for r in requests:
+            self.submit(r)
+        while self.busy:
+            self.advance(res)
+        return self.end(res)
+
+    # --- the same, a request and a step at a time (several replicas advanced side by side: ``late_binding``) -------
+    def start(self) -> ReplicaResult:
+        """A new rollout on this replica: its result, filled in as it advances."""
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
-        s = self.scheduler
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.setup.block_size, sha256)
-        self._check_fits(requests)
-        res = ReplicaResult()
         self._tokens: dict[str, tuple[int, int]] = {}
         self._first_hit: dict[str, int] = {}
         self._admission_blocked = False
         self._lengths: dict[str, tuple[int, int]] = {}
-        self._pending: dict[str, tuple[ReplayRequest, str, int]] = {}  # probe id -> (itself, its sample, offset)
+        self._pending: dict[str, tuple[ReplayRequest, str, int]] = {}  # request id -> (itself, its sample, offset)
         self._rests: set[str] = set()
-        for r in requests:  # a probe's sample goes by its rest's id (the sample's own)
-            self._submit(r, r.rest.request_id if r.rest is not None else r.request_id, 0)
-        while s.has_unfinished_requests():
-            self._step(res)
-            if self.fast_forward:
-                self._skip_decode_stretch(res)
+        return ReplicaResult()
+
+    def submit(self, r: ReplayRequest) -> None:
+        """``r`` arrives (a probe's sample goes by its rest's id, the sample's own)."""
+        self._check_fits([r])
+        self._submit(r, r.rest.request_id if r.rest is not None else r.request_id, 0)
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def advance(self, res: ReplicaResult) -> list[tuple[str, int]]:
+        """One engine step (and the stretch of identical decode steps after it): the samples it finished."""
+        done = len(res.finished)
+        self._step(res)
+        if self.fast_forward:
+            self._skip_decode_stretch(res)
+        return res.finished[done:]
+
+    def end(self, res: ReplicaResult) -> ReplicaResult:
+        """``res`` with the figures counted over the whole rollout."""
         res.recomputed_tokens = res.computed_tokens - sum(
             p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in self._lengths.items())
         res.probe_prefill_tokens = sum(self._lengths[rid][0] - self._first_hit.get(rid, 0) for rid in self._rests)
