@@ -184,6 +184,7 @@ class TransformersEngine:
             raise
         sched_groups = sched.groups
         self._ready(sched.samples)
+
         def step_with_arrivals(sched: Scheduler) -> None:
             if on_step is not None:
                 on_step(sched)

@@ -114,15 +114,15 @@ class InfiniteBackend:
     engine = "vllm"
     scheduling_policy = "priority"
 
+    late_binding = False
+
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
-                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0,
-                 late_binding: bool = False):
+                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0):
         from ..integration.rollout.vllm_order import VLLMRequestOrder
         from ..predict import make_predictor
         from .revealed import RevealedByProbe
 
-        self.name = "oracle" if oracle else "infinite-late" if late_binding else "infinite"
-        self.late_binding = late_binding
+        self.name = "oracle" if oracle else "infinite"
         self.predictor = "oracle" if oracle else predictor
         self.replicas = replicas
         self.oracle = oracle
@@ -135,10 +135,7 @@ class InfiniteBackend:
                 p = RevealedByProbe(p, probe_tokens, max_response_length)
             return p
 
-        if late_binding:  # one order for the step's queue, learning from every replica
-            self.orders = [VLLMRequestOrder(ordering, predictor_of_replica())] * replicas
-        else:
-            self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
+        self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
         self._requests: dict[str, object] = {}  # request id -> its OrderedRequest, until it finishes
         if router not in ROUTERS:
             raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
@@ -153,13 +150,8 @@ class InfiniteBackend:
         return GroupAffinityRouter({f"replica{i}": i for i in range(self.replicas)}, lengths_from_servers=False)
 
     def route(self, arrivals: list[StepSample]) -> list[list[ReplayRequest]]:
-        """Each replica's requests in arrival order; with late binding, one list: the step's queue in its order."""
-        for order in set(self.orders):
+        for order in self.orders:
             order.new_step()  # verl's weight sync before the step
-        if self.late_binding:
-            sizes = Counter(s.prompt_id for s in arrivals)
-            queue = [self._request(self.orders[0], s, sizes[s.prompt_id]) for s in arrivals]
-            return [sorted(queue, key=lambda r: r.priority)]  # vLLM's order: lowest first, ties by arrival
         if self.oracle:  # the router books each group by its exact mean length this step
             self.router = self._new_router()
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), s.length) for s in arrivals])
@@ -205,9 +197,35 @@ class InfiniteBackend:
             lengths = []
             for s, length in done:
                 lengths.append((self.orders[replica].finished(self._requests.pop(s.request_id), length), length))
-                if not self.late_binding:
-                    self.router.release_server(f"replica{replica}", s.request_id)
+                self.router.release_server(f"replica{replica}", s.request_id)
             self.router.observe_lengths(lengths)
+
+
+class LateBindingBackend(InfiniteBackend):
+    """``infinite-late`` (see the module docstring): one order for the step, learning from every replica; its route
+    is the step's queue, which the replicas draw from (``late_binding``), so no router is asked."""
+
+    late_binding = True
+
+    def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
+                 probe_tokens: int = 0):
+        super().__init__(1, predictor, max_response_length, seed=seed, probe_tokens=probe_tokens)
+        self.name = "infinite-late"
+        self.replicas = replicas
+        self.order = self.orders[0]
+
+    def route(self, arrivals: list[StepSample]) -> list[list[ReplayRequest]]:
+        """One list: the step's requests in vLLM's order (lowest priority value first, ties by arrival)."""
+        self.order.new_step()
+        sizes = Counter(s.prompt_id for s in arrivals)
+        return [sorted((self._request(self.order, s, sizes[s.prompt_id]) for s in arrivals),
+                       key=lambda r: r.priority)]
+
+    def observe(self, finished: list[list[tuple[StepSample, int]]]) -> None:
+        """Every replica's finished samples teach the one order."""
+        for done in finished:
+            for s, length in done:
+                self.order.finished(self._requests.pop(s.request_id), length)
 
 
 class TransformersBackend(InfiniteBackend):
@@ -235,9 +253,11 @@ def make_backend(name: str, replicas: int, predictor: str, max_response_length: 
                  router: str = "group_affinity", probe_tokens: int = 0):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
-    if name in ("infinite", "infinite-late", "oracle"):
+    if name in ("infinite", "oracle"):
         return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
-                               router=router, probe_tokens=probe_tokens, late_binding=name == "infinite-late")
+                               router=router, probe_tokens=probe_tokens)
+    if name == "infinite-late":
+        return LateBindingBackend(replicas, predictor, max_response_length, seed=seed, probe_tokens=probe_tokens)
     if name == "transformers":
         return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")
