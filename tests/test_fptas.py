@@ -92,6 +92,15 @@ def test_fptas_with_lane_releases_within_one_plus_eps_of_optimal(rng, eps):
         assert sched.makespan <= lpt_schedule(lengths, lanes, release).makespan + 1e-9
 
 
+def test_a_lane_whose_release_alone_is_the_highest_load_is_planned_around():
+    """In the search's rounded units the most loaded lane can be a late lane with no job on it (its release alone):
+    the local search leaves it be, and the plan keeps its bound."""
+    lengths, release = np.array([82, 89, 20, 51, 95]), np.array([30.0, 167.0, 45.0, 59.0])
+    sched = fptas_schedule(lengths, 4, 0.05, release=release)
+    opt = exact_makespan(lengths, 4, release)
+    assert opt - 1e-9 <= sched.makespan <= 1.05 * opt + 1e-9
+
+
 def test_a_late_lane_gets_the_short_work():
     """Lanes free at 52 and 56 (the first chunk's samples still run): the next chunk's 101 tokens end together at
     105 = ceil((52 + 56 + 101) / 2); planned as if both lanes were free at once, at best at 106."""

@@ -293,6 +293,8 @@ def _improve_by_swaps(units: list[int], lane: np.ndarray, lanes: int, base: list
     heapq.heapify(by_load)
     while True:
         hi = int(np.argmax(loads))
+        if not members[hi]:  # the most loaded lane is its release alone: no move lowers the maximum
+            return lane
         least: list[int] = []
         while len(least) <= SWAP_LANES and by_load:
             load, i = heapq.heappop(by_load)
