@@ -378,8 +378,8 @@ def test_fully_async_client_carries_aborted_requests_over_the_resume(two_replica
 @pytest.mark.timeout(600)
 def test_a_replica_that_dies_fails_its_requests_loudly_and_the_other_serves_its_own(two_replicas, router_prompts):
     """A replica's server dies while its requests decode (last in this file: it kills one of the module's replicas):
-    each of its requests raises Ray's actor-died error to verl's client, none returns an empty or cut-short output,
-    and the other replica's requests come back complete."""
+    each of its requests still in flight raises Ray's actor-died error to verl's client, none returns an empty or
+    cut-short output, and the other replica's requests come back complete."""
     import ray
 
     cfg, mgr, servers = two_replicas
@@ -408,6 +408,11 @@ def test_a_replica_that_dies_fails_its_requests_loudly_and_the_other_serves_its_
     dead = next(sid for sid, actor in server_ids.items() if actor == servers[0]._actor_id.hex())
     on_dead = [out for rid, out in zip(ids, outs) if routes[rid] == dead]
     on_live = [out for rid, out in zip(ids, outs) if routes[rid] != dead]
+    def complete(o) -> bool:
+        return not isinstance(o, BaseException) and o.stop_reason == "completed" and bool(o.token_ids)
+
     assert on_dead and on_live
-    assert all(isinstance(o, ray.exceptions.RayActorError) for o in on_dead), on_dead
-    assert all(not isinstance(o, BaseException) and o.stop_reason == "completed" and o.token_ids for o in on_live)
+    # those still in flight when it died raise; one that had come back before stays whole
+    assert all(isinstance(o, ray.exceptions.RayActorError) or complete(o) for o in on_dead), on_dead
+    assert any(isinstance(o, ray.exceptions.RayActorError) for o in on_dead)
+    assert all(complete(o) for o in on_live)
