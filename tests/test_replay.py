@@ -203,7 +203,8 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
     assert cli([*args, "--plot", str(tmp_path / "p.png")]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(r["backend"], r["step"]) for r in rows] == [
-        (b, s) for s in (0, 1) for b in ("vllm", "infinite", "infinite-late", "oracle", "transformers")]
+        (b, s) for s in (0, 1) for b in ("vllm", "infinite", "infinite-late", "infinite-gated", "oracle",
+                                            "transformers")]
     for r in rows:
         for key in ("predictor", "engine_steps", "lower_bound_steps", "model_s", "preemptions", "recomputed_tokens",
                     "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):

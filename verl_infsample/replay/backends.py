@@ -17,6 +17,9 @@ priority. What each does is the real code's doing, called here, not re-told:
   hears of siblings that finish during the step).
 - ``infinite-late``: ``infinite`` with late binding (``late_binding``): one predictor and one order for the step,
   the requests in one queue in that order, each replica taking the next when it has room.
+- ``infinite-gated``: ``infinite`` with the KV-peak gate (``core.kv_gate``, ``kv_gated``) in front of each
+  replica's vLLM: a request goes in only while the projected peak of those inside, each at its prediction, fits the
+  pool.
 - ``oracle``: the ``infinite`` mechanism told each sample's true length at submission (router and priorities, no
   probe): what it would do with exact predictions.
 - ``transformers``: ``custom.engine=transformers``, our own engine (``transformers_engine``): ``infinite``'s router,
@@ -39,7 +42,7 @@ from ..core.sample import prompt_key
 from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
-BACKENDS = ("vllm", "infinite", "infinite-late", "oracle", "transformers")
+BACKENDS = ("vllm", "infinite", "infinite-late", "infinite-gated", "oracle", "transformers")
 ROUTERS = ("verl", "group_affinity")  # infinite's router: verl's own (the product's on vLLM), or ours
 
 
@@ -83,6 +86,7 @@ class VerlVLLMBackend:
     engine = "vllm"
     scheduling_policy = "fcfs"
     late_binding = False
+    kv_gated = False
 
     def __init__(self, replicas: int, seed: int = 0):
         self.replicas = replicas
@@ -115,6 +119,7 @@ class InfiniteBackend:
     scheduling_policy = "priority"
 
     late_binding = False
+    kv_gated = False
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
                  seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0):
@@ -177,11 +182,13 @@ class InfiniteBackend:
         self._requests[s.request_id] = request
         k = order.probe_tokens
         if not request.probe or s.length <= k:  # whole, or ended within its probe
-            return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority)
+            return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority,
+                                 predicted_len=request.sample.predicted_len)
         probe_priority = request.priority
         rest_priority = order.after_probe(request, TokenWindow((0,) * k))
         return ReplayRequest(f"{s.request_id}-probe", s.prompt_tokens, k, priority=probe_priority,
-                             rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority))
+                             rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
+                                                predicted_len=request.sample.predicted_len))
 
     async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
         """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst
@@ -228,6 +235,19 @@ class LateBindingBackend(InfiniteBackend):
                 self.order.finished(self._requests.pop(s.request_id), length)
 
 
+class KVGatedBackend(InfiniteBackend):
+    """``infinite-gated`` (see the module docstring): ``infinite``'s routing and order, each replica behind the
+    KV-peak gate (``kv_gated``)."""
+
+    kv_gated = True
+
+    def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
+                 router: str = "group_affinity", probe_tokens: int = 0):
+        super().__init__(replicas, predictor, max_response_length, seed=seed, router=router,
+                         probe_tokens=probe_tokens)
+        self.name = "infinite-gated"
+
+
 class TransformersBackend(InfiniteBackend):
     """``custom.engine=transformers`` (see the module docstring): the router's placement, each replica's server
     predictor kept through the trace and handed to the core scheduler, which learns as samples finish."""
@@ -258,6 +278,9 @@ def make_backend(name: str, replicas: int, predictor: str, max_response_length: 
                                router=router, probe_tokens=probe_tokens)
     if name == "infinite-late":
         return LateBindingBackend(replicas, predictor, max_response_length, seed=seed, probe_tokens=probe_tokens)
+    if name == "infinite-gated":
+        return KVGatedBackend(replicas, predictor, max_response_length, seed=seed, router=router,
+                              probe_tokens=probe_tokens)
     if name == "transformers":
         return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
     raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.trace import TracePrompt, rollout_steps
 from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
+from .kv_gated import replay_gated
 from .late_binding import replay_late_bound
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
 
@@ -128,7 +129,7 @@ LATE = -1  # a job's replica index when it runs every replica of a late-binding 
 def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]:
     """A worker process's job: one replica of one backend (its index and replica index travel with it), or (replica
     ``LATE``) every replica of a late-binding backend side by side, from the step's queue."""
-    key, replica, config, policy, requests = job
+    key, replica, config, policy, gated, requests = job
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
@@ -136,11 +137,13 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]
 
     def replica_replay():
         return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
-                             keep_timeline=config.keep_timeline)
+                             keep_timeline=config.keep_timeline, rests_held=gated)
 
     if replica == LATE:
         return key, replica, replay_late_bound([replica_replay() for _ in range(config.replicas)], requests,
                                                config.late_room)
+    if gated:
+        return key, replica, replay_gated(replica_replay(), requests)
     return key, replica, replica_replay().run(requests)
 
 
@@ -193,14 +196,14 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
             samples = step_samples(prompts, step_index, cap, model.vocab)
             arrivals = agent_loop_arrivals(samples, config.agent_workers)
             routed = [b.route(arrivals) for b in backends]
-            jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, reqs)
+            jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated, reqs)
                     for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                     if reqs]
             on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
-            on_vllm.sort(key=lambda j: -sum(q.length for q in j[4]))  # the longest first: the workers end together
+            on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
             results: dict[tuple[int, int], ReplicaResult] = {}
             replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
-            for key, replica, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
+            for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
                 if backends[key].engine == "transformers":
                     results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
                     if progress is not None:

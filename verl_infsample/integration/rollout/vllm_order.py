@@ -60,7 +60,7 @@ class VLLMRequestOrder:
         group = Group(key, len(prompt_ids), max(int(group_size), index + 1))
         sample = Sample(uid if uid is not None else index, uid if uid is not None else 0, index, len(prompt_ids),
                         true_len=true_len)
-        predicted = self.predictor.predict(group, sample)
+        predicted = sample.predicted_len = self.predictor.predict(group, sample)
         probe = may_probe and self.probe_tokens > 0 and (max_tokens is None or max_tokens > self.probe_tokens)
         if probe:
             priority = self.priorities.probe(key, predicted, caller=caller)
@@ -73,8 +73,8 @@ class VLLMRequestOrder:
         prediction."""
         request.sample.generated = len(opening.token_ids)
         self.predictor.observe_tokens(request.group, request.sample, opening)
-        request.priority = self.priorities.of(request.group.prompt_id,
-                                              self.predictor.predict(request.group, request.sample),
+        request.sample.predicted_len = self.predictor.predict(request.group, request.sample)
+        request.priority = self.priorities.of(request.group.prompt_id, request.sample.predicted_len,
                                               caller=request.caller)
         return request.priority
 
