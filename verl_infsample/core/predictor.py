@@ -29,6 +29,8 @@ class LengthPredictor:
     reads_tokens: bool = False  # engines report running samples' tokens (``observe_tokens``) at its checkpoints
     repredicts_outgrown: bool = False  # it answers ``predict_outgrown`` (read under a KV budget)
     plans_on_first_token: bool = False  # it asks engines for every sample's first token before the plan
+    # before a sample decodes, its prediction is its own (the oracle's and its noisy stand-in's), not its group's
+    tells_samples_apart: bool = False
     token_checkpoints: frozenset[int] | None = None  # token counts it reads (None: every token)
     slot_checkpoints: frozenset[int] | None = None  # under M slots, where nothing re-reads a running prediction
 
@@ -67,6 +69,7 @@ class OraclePredictor(_Stateless):
     """The true length (simulators and upper-bound studies only)."""
 
     name = "oracle"
+    tells_samples_apart = True
 
     def predict(self, group: Group, sample: Sample) -> float:
         if sample.true_len is None:
@@ -76,6 +79,8 @@ class OraclePredictor(_Stateless):
 
 class NoisyOraclePredictor(_Stateless):
     """True length times lognormal(0, sigma) noise, seeded per sample so every policy sees the same errors."""
+
+    tells_samples_apart = True
 
     def __init__(self, sigma: float, seed: int, max_len: int):
         if sigma < 0:

@@ -7,13 +7,16 @@ So the plan needs no loop of its own there: each request's priority says where i
 - ``arrival``: every request the same priority, vLLM's first-come first-served (verl's own vLLM rollout).
 - ``group``: a group's samples together, groups in the order they first arrive: a group's samples run side by side
   on its prompt's cached blocks, and preemption, when KV runs short, takes the newest group's samples.
-- ``longest_first``: by predicted length, longest first (ties by their group's arrival): the long samples start
-  early, so the step does not end waiting for one that started late (LPT for the makespan). A group's samples share
-  their group's prediction until each has one of its own (after its probe), and then run in that order.
+- ``longest_first``: by each sample's own predicted length, longest first (ties by their group's arrival): the long
+  samples start early, so the step does not end waiting for one that started late (LPT for the makespan). A request
+  whose prediction is only its group's (a per-prompt history, no probe) runs in ``group`` order: ranking whole
+  groups by length starts the groups predicted long together, they fill the KV pool, and vLLM preempts more and
+  runs fewer samples a step than first-come first-served (measured in ``infsample replay``, tight pools).
 
 A *probe* (a sample's first tokens, decoded so that its own prediction exists before its tail is scheduled) comes
 before every planned request: the probes of a step run first, in the plan's order, and what they reveal orders the
-rest.
+rest. A probe holds a few tokens of KV, so probes do rank by their group's prediction: the samples of groups
+predicted long learn their own prediction first.
 """
 
 from __future__ import annotations
@@ -40,10 +43,13 @@ class StepPriorities:
         """A new rollout step: groups are counted again from the first to arrive."""
         self._ordinal.clear()
 
-    def of(self, group: str, predicted_len: float, caller: int = 0) -> int:
-        """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first).
-        ``caller``, the priority its sender gave it (verl's agent loop numbers a batch's samples 0, 1, ...), orders
-        requests the plan ranks equal. Fits vLLM's int64 for lengths below 2**20 tokens."""
+    def of(self, group: str, predicted_len: float, caller: int = 0, own: bool = True) -> int:
+        """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first);
+        ``own``: the prediction is the sample's own, not only its group's. ``caller``, the priority its sender gave
+        it (verl's agent loop numbers a batch's samples 0, 1, ...), orders requests the plan ranks equal. Fits
+        vLLM's int64 for lengths below 2**20 tokens."""
+        if not own and self.ordering == "longest_first":
+            return self._group_order(group) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
         return self._plan(group, predicted_len) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
 
     def probe(self, group: str, predicted_len: float, caller: int = 0) -> int:
@@ -51,6 +57,9 @@ class StepPriorities:
         probes."""
         return (self._plan(group, predicted_len) - PROBE_OFFSET) * CALLER_SPAN + min(max(int(caller), 0),
                                                                                    CALLER_SPAN - 1)
+
+    def _group_order(self, group: str) -> int:
+        return self._ordinal.setdefault(group, len(self._ordinal)) % GROUP_SPAN
 
     def _plan(self, group: str, predicted_len: float) -> int:
         ordinal = self._ordinal.setdefault(group, len(self._ordinal))

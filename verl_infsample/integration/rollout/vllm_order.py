@@ -65,7 +65,7 @@ class VLLMRequestOrder:
         if probe:
             priority = self.priorities.probe(key, predicted, caller=caller)
         else:
-            priority = self.priorities.of(key, predicted, caller=caller)
+            priority = self.priorities.of(key, predicted, caller=caller, own=self.predictor.tells_samples_apart)
         return OrderedRequest(group, sample, priority, caller, probe)
 
     def after_probe(self, request: OrderedRequest, opening: TokenWindow) -> int:

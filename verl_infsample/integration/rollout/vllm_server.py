@@ -7,7 +7,8 @@ its weight transfer from the training workers (verl's own ``ServerAdapter`` on t
 multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds is the scheduling:
 
 - vLLM runs with ``scheduling_policy=priority`` and prefix caching, and each request gets the priority of its
-  sample's place in the plan (``vllm_order``, ``core.priority``: longest predicted first), so vLLM's continuous
+  sample's place in the plan (``vllm_order``, ``core.priority``: longest predicted first by a sample's own
+  prediction; a group's samples together where only its prompt's history predicts them), so vLLM's continuous
   batching refills freed slots in the plan's order and a group's samples share its prompt's cached blocks;
 - with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
   tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
