@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .capacity import Capacity, SampleArrays
 from .sample import Sample
 
@@ -69,8 +67,6 @@ class KVPeakGate:
         return [self._sample(r, entered) for r, entered in self._inside.values()]
 
     def running_arrays(self) -> SampleArrays:
-        if not self._inside:
-            return SampleArrays(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         return SampleArrays.of(self.running)
 
     def _sample(self, r: GatedRequest, entered: int) -> Sample:

@@ -48,9 +48,7 @@ class StepPriorities:
         ``own``: the prediction is the sample's own, not only its group's. ``caller``, the priority its sender gave
         it (verl's agent loop numbers a batch's samples 0, 1, ...), orders requests the plan ranks equal. Fits
         vLLM's int64 for lengths below 2**20 tokens."""
-        if not own and self.ordering == "longest_first":
-            return self._group_order(group) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
-        return self._plan(group, predicted_len) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
+        return self._plan(group, predicted_len, own) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
 
     def probe(self, group: str, predicted_len: float, caller: int = 0) -> int:
         """The priority of a probe of ``group``: before every request :meth:`of` ranks, in the same order among
@@ -58,13 +56,10 @@ class StepPriorities:
         return (self._plan(group, predicted_len) - PROBE_OFFSET) * CALLER_SPAN + min(max(int(caller), 0),
                                                                                    CALLER_SPAN - 1)
 
-    def _group_order(self, group: str) -> int:
-        return self._ordinal.setdefault(group, len(self._ordinal)) % GROUP_SPAN
-
-    def _plan(self, group: str, predicted_len: float) -> int:
+    def _plan(self, group: str, predicted_len: float, own: bool = True) -> int:
         ordinal = self._ordinal.setdefault(group, len(self._ordinal))
         if self.ordering == "arrival":
             return 0
-        if self.ordering == "group":
+        if self.ordering == "group" or not own:  # a group's own prediction does not rank it above another group
             return ordinal
         return ordinal % GROUP_SPAN - min(max(round(predicted_len), 0), LENGTH_CAP) * GROUP_SPAN

@@ -56,7 +56,7 @@ def replay_gated(replay: ReplicaReplay, requests: list[ReplayRequest]) -> Replic
         replay.ended.clear()
         for rest, sample_id, offset in replay.rests_ready:
             probe = group_of.pop(rest.request_id)
-            wait(rest, GatedRequest(probe.group_key, probe.prompt_len, rest.predicted_len or offset + rest.length,
-                                    generated=offset), (sample_id, offset))
+            wait(rest, GatedRequest(probe.group_key, probe.prompt_len, rest.predicted_len, generated=offset),
+                 (sample_id, offset))
         replay.rests_ready.clear()
     return replay.end(res)
