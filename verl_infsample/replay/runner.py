@@ -8,9 +8,9 @@ rollout ends with its slowest replica: ``engine_steps`` and ``model_s`` are that
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing
+import multiprocessing.pool
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -147,23 +147,30 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]
     return key, replica, replica_replay().run(requests)
 
 
-@contextlib.contextmanager
-def _replica_pool(processes: int):
-    """Worker processes (vLLM logging errors only: it logs to stdout) with a fixed ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places
-    (which blocks are freed first, so which cached blocks are evicted first), and a process's string hashes decide
-    that order. With the seed fixed, a replay gives the same figures every time."""
+_POOLS: dict[int, multiprocessing.pool.Pool] = {}
+
+
+def _replica_pool(processes: int) -> multiprocessing.pool.Pool:
+    """Worker processes (vLLM logging errors only: it logs to stdout) with a fixed ``PYTHONHASHSEED``: vLLM's
+    scheduler iterates sets of request ids in places (which blocks are freed first, so which cached blocks are
+    evicted first), and a process's string hashes decide that order. With the seed fixed, a replay gives the same
+    figures every time. A pool is kept for the next replay of this process (each worker's import of vLLM's
+    scheduler costs seconds; a table of replays would pay it per cell); multiprocessing ends it at exit."""
+    pool = _POOLS.get(processes)
+    if pool is not None:
+        return pool
     env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # what the spawned workers start with
     try:
-        with multiprocessing.get_context("spawn").Pool(processes) as pool:
-            yield pool
+        pool = _POOLS[processes] = multiprocessing.get_context("spawn").Pool(processes)
     finally:
         for key, value in saved.items():
             if value is None:
                 del os.environ[key]
             else:
                 os.environ[key] = value
+    return pool
 
 
 REPLAY_HASH_SEED = "0"
@@ -191,34 +198,34 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
                              config.probe_tokens) for b in config.backends]
     rows, timelines = [], {}
-    with _replica_pool(min(config.workers, config.replicas * len(backends))) as pool:
-        for step_index, prompts in enumerate(rollout_steps(trace)):
-            samples = step_samples(prompts, step_index, cap, model.vocab)
-            arrivals = agent_loop_arrivals(samples, config.agent_workers)
-            routed = [b.route(arrivals) for b in backends]
-            jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated, reqs)
-                    for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
-                    if reqs]
-            on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
-            on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
-            results: dict[tuple[int, int], ReplicaResult] = {}
-            replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
-            for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
-                if backends[key].engine == "transformers":
-                    results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
-                    if progress is not None:
-                        progress(1)
-            for key, replica, res in replayed:
-                for r, one in (enumerate(res) if replica == LATE else [(replica, res)]):
-                    results[(key, r)] = one
-                    if progress is not None:
-                        progress(1)
-            by_id = {s.request_id: s for s in samples}
-            for k, b in enumerate(backends):
-                per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
-                b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
-                rows.append(_row(b, config, prompts, samples, per_replica, step_index))
-                timelines[b.name] = [res.timeline for res in per_replica]
+    pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
+    for step_index, prompts in enumerate(rollout_steps(trace)):
+        samples = step_samples(prompts, step_index, cap, model.vocab)
+        arrivals = agent_loop_arrivals(samples, config.agent_workers)
+        routed = [b.route(arrivals) for b in backends]
+        jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated, reqs)
+                for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
+                if reqs]
+        on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
+        on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
+        results: dict[tuple[int, int], ReplicaResult] = {}
+        replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
+        for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
+            if backends[key].engine == "transformers":
+                results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
+                if progress is not None:
+                    progress(1)
+        for key, replica, res in replayed:
+            for r, one in (enumerate(res) if replica == LATE else [(replica, res)]):
+                results[(key, r)] = one
+                if progress is not None:
+                    progress(1)
+        by_id = {s.request_id: s for s in samples}
+        for k, b in enumerate(backends):
+            per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
+            b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
+            rows.append(_row(b, config, prompts, samples, per_replica, step_index))
+            timelines[b.name] = [res.timeline for res in per_replica]
     return rows, timelines
 
 
