@@ -18,15 +18,15 @@ def pytest_configure(config):
 # What ``make test-fast`` leaves out (``-m "not integration"``): tests that start Ray, verl's trainer, a vLLM
 # engine or a decoding engine, found by the fixtures they use or the module they live in.
 INTEGRATION_FIXTURES = {"ray_local", "tiny_engine", "tiny_tools_model_dir", "vllm_model_dir"}
-INTEGRATION_MODULES = {"test_grpo_exact", "test_tool_agent", "test_vllm_engine",
+INTEGRATION_MODULES = {"test_grpo_exact", "test_tool_agent", "test_tool_agent_async", "test_vllm_engine",
                        "test_vllm_stats", "test_verl_router", "test_server_sampling", "test_transformers_engine",
                        "test_cpu_platform", "test_predictor_learned"}
 
 
 # The longest files first (their trainer launches and model builds; ``make test --durations`` shows them), the rest
-# in file order: ``make test`` hands files to its two workers in this order (``--no-loadscope-reorder``), so the
+# in file order: ``make test`` hands files to its workers in this order (``--no-loadscope-reorder``), so the
 # longest starts at once and the short ones fill in beside it.
-LONGEST_FIRST = ("test_tool_agent", "test_grpo_exact", "test_predictor_learned",
+LONGEST_FIRST = ("test_tool_agent", "test_grpo_exact", "test_tool_agent_async", "test_predictor_learned",
                  "test_verl_rollout", "test_vllm_engine", "test_replay", "test_scripts", "test_verl_router")
 
 
