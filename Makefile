@@ -52,11 +52,11 @@ demo: setup
 bench: setup
 	$(BIN)/python -m verl_infsample.bench.suite
 
-# Three workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): a trainer
-# launch leaves a core idle while its processes start and wait on each other, and a third worker fills it (on two
-# cores, two workers left about 90 s of the run idle).
+# Two workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): the unit
+# tests run on one core, so the second is free while they run. (A third worker made three trainer launches run at
+# once, each twice as slow: no faster overall on two cores.)
 test: setup
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # The edit loop: the unit tests alone (no Ray, trainer or engine: the `integration` marker, tests/conftest.py).
 test-fast: setup
