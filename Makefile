@@ -53,8 +53,7 @@ bench: setup
 	$(BIN)/python -m verl_infsample.bench.suite
 
 # Two workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): the unit
-# tests run on one core, so the second is free while they run. (A third worker made three trainer launches run at
-# once, each twice as slow: no faster overall on two cores.)
+# tests run on one core, so the second is free while they run.
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
