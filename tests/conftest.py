@@ -1,15 +1,24 @@
 """Shared fixtures. No ``__init__.py`` here: verl's wheel installs a top-level ``tests`` package we must not shadow."""
 
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
 
 def pytest_configure(config):
-    """Ray ends vLLM's CPU executor and other children without their cleanup, which leaves shared-memory segments
-    in /dev/shm and sockets and files in /tmp; the run removes the ones it created (``integration.cpu.leftovers``)
-    once every child has ended. With pytest-xdist the controller does it, once every worker has ended."""
+    """The run's temporary files go to one folder of its own (``$TMPDIR``, which its workers, Ray, vLLM, torch's
+    compile cache and pytest's ``tmp_path`` inherit), removed at the end. Ray ends vLLM's CPU executor and other
+    children without their cleanup, which leaves shared-memory segments in /dev/shm; the run removes the ones it
+    created (``integration.cpu.leftovers``) once every child has ended. With pytest-xdist the controller does both,
+    once every worker has ended."""
     config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine (make test-fast skips)")
     if not hasattr(config, "workerinput"):
+        config._infsample_tmp = tempfile.mkdtemp(prefix="infsample-tests-")
+        os.environ["TMPDIR"] = config._infsample_tmp
+        tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
         from verl_infsample.integration.cpu import leftovers
 
         config._infsample_leftovers = leftovers.listing()
@@ -48,6 +57,9 @@ def pytest_unconfigure(config):
         from verl_infsample.integration.cpu import leftovers
 
         leftovers.remove_left_behind(before, wait_s=15.0)
+    tmp = getattr(config, "_infsample_tmp", None)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

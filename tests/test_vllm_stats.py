@@ -60,13 +60,13 @@ def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path)
     kept = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: in use
     orphan = shared_memory.SharedMemory(create=True, size=4096)
     orphan.close()  # unmapped, never unlinked: what a killed process leaves
-    bound, dead = (f"/tmp/{uuid.uuid4()}" for _ in range(2))
+    bound, dead = (f"{shm.TMP}/{uuid.uuid4()}" for _ in range(2))
     listening = socket.socket(socket.AF_UNIX)
     listening.bind(bound)  # a live vLLM queue's socket
     closed = socket.socket(socket.AF_UNIX)
     closed.bind(dead)
     closed.close()  # its process gone, the file stays
-    held, stale = (f"/tmp/vllm_dist_{uuid.uuid4().hex}" for _ in range(2))  # torch.distributed rendezvous files
+    held, stale = (f"{shm.TMP}/vllm_dist_{uuid.uuid4().hex}" for _ in range(2))  # torch.distributed rendezvous files
     held_file = open(held, "wb")  # a live vLLM's
     open(stale, "wb").close()
     lock = multiprocessing.get_context("spawn").Lock()  # a live pool's semaphore, mapped under another name

@@ -2,8 +2,8 @@
 
 Ray ends vLLM's CPU executor, its message queues and verl's weight-transfer buffers without their cleanup, which
 leaves Python shared-memory segments (``psm_*``, hundreds of MB each) and multiprocessing semaphores in /dev/shm, and
-vLLM's ZeroMQ IPC sockets (``/tmp/<uuid>``) and torch.distributed rendezvous files (``/tmp/vllm_dist_<hex>``) in
-/tmp. A run snapshots both first and, once it has ended, removes
+vLLM's ZeroMQ IPC sockets (``<tmp>/<uuid>``) and torch.distributed rendezvous files (``<tmp>/vllm_dist_<hex>``) in
+the temporary folder (``$TMPDIR``, else /tmp). A run snapshots both first and, once it has ended, removes
 what appeared since and no live process still uses (a segment nobody maps or holds open, a socket nobody has
 bound), so a concurrent run keeps its own:
 
@@ -17,18 +17,20 @@ import os
 import re
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
-TMP = Path("/tmp")
+TMP = Path(tempfile.gettempdir())  # where vLLM puts its sockets and rendezvous files ($TMPDIR, else /tmp)
 LEFT_BEHIND = ("psm_", "sem.mp-")
 IPC_SOCKET = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # vLLM's ipc:///tmp/<uuid4>
 DIST_FILE = re.compile(r"vllm_dist_[0-9a-f]{32}")  # vLLM's file:///tmp/vllm_dist_<uuid4 hex> init method
 
 
 def listing() -> set[str]:
-    """Entries of /dev/shm by name, and vLLM's IPC sockets and rendezvous files of /tmp as ``/tmp/<name>``."""
+    """Entries of /dev/shm by name, and vLLM's IPC sockets and rendezvous files of the temporary folder as
+    ``<tmp>/<name>``."""
     names = set(os.listdir(SHM)) if SHM.is_dir() else set()
     try:
         names |= {f"{TMP}/{n}" for n in os.listdir(TMP) if IPC_SOCKET.fullmatch(n) or DIST_FILE.fullmatch(n)}
@@ -38,7 +40,7 @@ def listing() -> set[str]:
 
 
 def in_use() -> set[str]:
-    """Names under /dev/shm that a live process maps or holds open, files of /tmp held open, and bound unix socket
+    """Names under /dev/shm that a live process maps or holds open, files of the temporary folder held open, and bound unix socket
     paths (as far as /proc lets this user see). A mapping is matched by its inode too: glibc's ``sem_open`` maps a
     semaphore under a temporary name and then links it to its own (``sem.mp-*``: a live multiprocessing lock), so
     /proc shows the name it no longer has."""
