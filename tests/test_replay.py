@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +322,26 @@ def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
     (tmp_path / "dump" / "3.jsonl").write_text('{"input": 1}\n')
     assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
     assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
+
+
+def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():
+    """A replay that raises mid-step (here its progress callback) ends the kept worker pool, jobs still queued in it
+    included, so the next replay starts on a fresh pool and gives the same figures as an undisturbed one."""
+    from verl_infsample.replay import runner
+
+    trace = synth_rl_trace(4, 8, 600, steps=1, median=150, seed=3)
+    config = runner.ReplayConfig(replicas=2, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512,
+                                 backends=("vllm", "infinite"), predictor="noisy:0.3", workers=2)
+    before, _ = runner.replay(trace, config)
+    kept = next(iter(runner._POOL.values()))
+
+    def fail(_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.replay(trace, config, progress=fail)
+    assert not runner._POOL
+    with pytest.raises(ValueError):  # terminated: it takes no more work
+        kept.apply(len, ((),))
+    after, _ = runner.replay(trace, config)
+    assert [asdict(r) for r in after] == [asdict(r) for r in before]

@@ -8,6 +8,7 @@ rollout ends with its slowest replica: ``engine_steps`` and ``model_s`` are that
 
 from __future__ import annotations
 
+import atexit
 import math
 import multiprocessing
 import multiprocessing.pool
@@ -147,30 +148,42 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]
     return key, replica, replica_replay().run(requests)
 
 
-_POOLS: dict[int, multiprocessing.pool.Pool] = {}
+_POOL: dict[tuple[int, str], multiprocessing.pool.Pool] = {}  # the one pool kept, by (processes, vLLM log level)
 
 
 def _replica_pool(processes: int) -> multiprocessing.pool.Pool:
-    """Worker processes (vLLM logging errors only: it logs to stdout) with a fixed ``PYTHONHASHSEED``: vLLM's
-    scheduler iterates sets of request ids in places (which blocks are freed first, so which cached blocks are
-    evicted first), and a process's string hashes decide that order. With the seed fixed, a replay gives the same
-    figures every time. A pool is kept for the next replay of this process (each worker's import of vLLM's
-    scheduler costs seconds; a table of replays would pay it per cell); multiprocessing ends it at exit."""
-    pool = _POOLS.get(processes)
-    if pool is not None:
-        return pool
-    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
-    saved = {key: os.environ.get(key) for key in env}
+    """Worker processes (vLLM logging errors only, or ``$VLLM_LOGGING_LEVEL``: it logs to stdout) with a fixed
+    ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places (which blocks are freed first, so which
+    cached blocks are evicted first), and a process's string hashes decide that order. With the seed fixed, a replay
+    gives the same figures every time. The pool is kept for the next replay of this process (each worker's import of
+    vLLM's scheduler costs seconds; a table of replays would pay it per cell) unless that one asks for another size
+    or log level; it ends at exit."""
+    key = (processes, os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
+    if key in _POOL:
+        return _POOL[key]
+    _drop_pool()
+    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": key[1]}
+    saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # what the spawned workers start with
     try:
-        pool = _POOLS[processes] = multiprocessing.get_context("spawn").Pool(processes)
+        pool = _POOL[key] = multiprocessing.get_context("spawn").Pool(processes)
     finally:
-        for key, value in saved.items():
+        for name, value in saved.items():
             if value is None:
-                del os.environ[key]
+                del os.environ[name]
             else:
-                os.environ[key] = value
+                os.environ[name] = value
     return pool
+
+
+def _drop_pool() -> None:
+    """End the kept pool, jobs still queued in it included (a replay that failed leaves some)."""
+    for pool in _POOL.values():
+        pool.terminate()
+    _POOL.clear()
+
+
+atexit.register(_drop_pool)  # before the interpreter tears down what a running pool's finalizer needs
 
 
 REPLAY_HASH_SEED = "0"
@@ -193,12 +206,21 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     and step, and per backend the (modeled seconds, running rows) points of each replica of the last step."""
     config.check()
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
-    model = MODELS[config.model]
     _check_pool(trace, config, cap)
     backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
                              config.probe_tokens) for b in config.backends]
-    rows, timelines = [], {}
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
+    try:
+        return _replay_steps(trace, config, backends, pool, cap, progress)
+    except BaseException:
+        _drop_pool()
+        raise
+
+
+def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
+    """:func:`replay`'s steps, one after another, each backend's replicas in ``pool``."""
+    model = MODELS[config.model]
+    rows, timelines = [], {}
     for step_index, prompts in enumerate(rollout_steps(trace)):
         samples = step_samples(prompts, step_index, cap, model.vocab)
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
