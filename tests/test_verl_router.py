@@ -383,7 +383,7 @@ def test_a_replica_that_dies_fails_its_requests_loudly_and_the_other_serves_its_
     import ray
 
     cfg, mgr, servers = two_replicas
-    sizes = [8, 8, 8, 8]
+    sizes = [64, 64, 64, 64]  # 128 a replica at 4 slots: both still decode for seconds after the other has started
 
     async def scenario():
         client = mgr.get_client()
