@@ -1,12 +1,13 @@
 """Exact GRPO end to end: Infinite Sampling trains as whole groups do, through verl's trainer on the CPU (the example
-script of ``test_grpo_cpu_e2e.py``, run twice, about 1.5 minutes each). In a file of its own so that the test
-workers run it beside the other end-to-end runs.
+script of ``test_grpo_cpu_e2e.py``, run twice side by side, each with a Ray of its own: about 1.5 minutes on 2
+cores). In a file of its own so that the test workers run it beside the other end-to-end runs.
 
 Set INFSAMPLE_SKIP_E2E=1 to skip it.
 """
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,18 +41,21 @@ def test_infinite_sampling_trains_exactly_as_whole_groups(tmp_path, tiny_model_d
     advantages, loss and gradient are not zero."""
     reward = [f"reward.custom_reward_function.path={ROOT / 'tests' / 'length_reward.py'}",
               "reward.custom_reward_function.name=compute_score"]
-    runs = {}
     whole = [f"actor_rollout_ref.rollout.custom.slots={BATCH * EXACT_N}"]  # every group at once
     # Infinite Sampling in full: a KV budget, the token-conditioned predictor with its first-token lookahead, the plan
     budget = ["actor_rollout_ref.rollout.custom.slots=null", f"actor_rollout_ref.rollout.custom.kv_budget={KV_BUDGET}",
               "actor_rollout_ref.rollout.custom.predictor=learned"]
     together = "actor_rollout_ref.rollout.custom.batch_window_ms=3000"  # a step's requests planned as one batch
-    for policy, capacity in [("full", whole), ("infinite", budget)]:
+
+    def train(policy, capacity):
         work = tmp_path / policy
         work.mkdir()
-        runs[policy] = _train(work / "run", tiny_model_dir, "infinite", "auto", EXACT_N, *reward, *capacity, together,
-                              f"actor_rollout_ref.rollout.custom.policy={policy}",
-                              f"trainer.rollout_data_dir={work / 'dump'}")
+        return _train(work / "run", tiny_model_dir, "infinite", "auto", EXACT_N, *reward, *capacity, together,
+                      f"actor_rollout_ref.rollout.custom.policy={policy}", f"trainer.rollout_data_dir={work / 'dump'}")
+
+    # the two runs side by side: each waits on its Ray actors' start-up for much of its time
+    with ThreadPoolExecutor(2) as pool:
+        runs = dict(zip(("full", "infinite"), pool.map(train, ("full", "infinite"), (whole, budget))))
     full, ours = runs["full"], runs["infinite"]
     for k in (1, 2):
         samples = _samples_by_prompt(tmp_path / "full" / "dump", k)
