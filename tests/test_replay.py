@@ -330,8 +330,8 @@ def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():
     from verl_infsample.replay import runner
 
     trace = synth_rl_trace(4, 8, 600, steps=1, median=150, seed=3)
-    config = runner.ReplayConfig(replicas=2, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512,
-                                 backends=("vllm", "infinite"), predictor="noisy:0.3", workers=2)
+    config = runner.ReplayConfig(replicas=1, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512,
+                                 backends=("vllm", "infinite"), predictor="noisy:0.3", workers=1)  # one job queued
     before, _ = runner.replay(trace, config)
     kept = next(iter(runner._POOL.values()))
 
