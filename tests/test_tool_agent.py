@@ -6,14 +6,13 @@ answers and refuses bad input by name; verl loads it as a ``BaseTool`` (``exampl
 as a function tool (``examples/tools/function_tools.py``), both showing the model the schema it learnt; the "tools"
 model writes calls verl's ``HermesToolParser`` parses and answers with the tool's result.
 
-End to end (``examples/tools/run_grpo_cpu.sh``, as a user runs it; about 2 minutes a run on 2 cores, the two sync
-runs side by side): two GRPO steps through verl's real trainer with multi-turn on: on verl's vLLM server with our
-scheduling and probes, with the YAML tool in verl's asynchronous ``colocate_async`` mode (aborts and resumes in
-probes, rests and between the turns) and with the function tool in the sync mode, and on verl's own
-``rollout.name=vllm`` (the ``colocate_async`` run in ``test_tool_agent_async.py``, so that a second test worker runs
-it beside these). verl's metrics show a tool round in most trajectories (4 turns: prompt, call, tool response,
-answer) and right answers; in the sync runs step 2's rollout log-probs equal the trainer's over the model's own
-tokens of both turns (the tool response masked out).
+End to end (``examples/tools/run_grpo_cpu.sh``, as a user runs it; about 2 minutes a run on 2 cores): two GRPO steps
+through verl's real trainer with multi-turn on: on verl's vLLM server with our scheduling and probes, with the YAML
+tool in verl's asynchronous ``colocate_async`` mode (aborts and resumes in probes, rests and between the turns) and
+with the function tool in the sync mode, and on verl's own ``rollout.name=vllm`` (the ``colocate_async`` run in
+``test_tool_agent_async.py``, so that a second test worker runs it beside these). verl's metrics show a tool round in most
+trajectories (4 turns: prompt, call, tool response, answer) and right answers; in the sync runs step 2's rollout
+log-probs equal the trainer's over the model's own tokens of both turns (the tool response masked out).
 
 Set INFSAMPLE_SKIP_E2E=1 to skip the end-to-end runs.
 """
@@ -24,7 +23,6 @@ import os
 import random
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -301,22 +299,11 @@ def _check_tool_rounds(steps: dict[int, dict[str, float]], synced: bool = True) 
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(tmp_path_factory, tiny_tools_model_dir):
-    """Two runs side by side (each waits on its Ray actors' start-up for much of its time): ``infinite``:
-    rollout.name=infinite, custom.engine=vllm, the learned predictor, the function tool (sync mode); ``verl``: verl's
-    own rollout.name=vllm, the YAML tool."""
+def vllm_run(tmp_path_factory, tiny_tools_model_dir):
+    """rollout.name=infinite, custom.engine=vllm, the learned predictor, the function tool (sync mode)."""
     pytest.importorskip("vllm")
-    runs = {"infinite": ("infinite", "vllm", "function", "actor_rollout_ref.rollout.custom.predictor='learned:k=4'"),
-            "verl": ("vllm", "auto", "class")}
-    with ThreadPoolExecutor(2) as pool:
-        done = {name: pool.submit(_train, tmp_path_factory.mktemp(name) / "run", tiny_tools_model_dir, *args)
-                for name, args in runs.items()}
-        return {name: future.result() for name, future in done.items()}
-
-
-@pytest.fixture(scope="module")
-def vllm_run(vllm_runs):
-    return vllm_runs["infinite"]
+    return _train(tmp_path_factory.mktemp("vllm") / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
+                  "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
 
 
 @e2e
@@ -340,10 +327,10 @@ def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
 
 @e2e
 @pytest.mark.timeout(1200)
-def test_verls_own_vllm_rollout_reports_the_same(vllm_runs, vllm_run):
+def test_verls_own_vllm_rollout_reports_the_same(tmp_path, tiny_tools_model_dir, vllm_run):
     """The baseline, verl's rollout.name=vllm on the same script: it passes the same checks, and reports the same
     metrics (ours add the rollout's infsample/* figures)."""
-    baseline = vllm_runs["verl"]
+    baseline = _train(tmp_path / "run", tiny_tools_model_dir, "vllm", "auto", "class")
     _check_tool_rounds(baseline)
     for k in (1, 2):
         ours = {key for key in vllm_run[k] if not key.startswith("infsample/")}
