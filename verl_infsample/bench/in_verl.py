@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .report import format_table, progress
@@ -78,6 +78,9 @@ class VerlBenchRow:
     steps_vs_lower_bound: float | None = None
     gen_s_vs_vllm: float | None = None  # this row's gen_s / verl vLLM's at the same n
     steps_vs_vllm: float | None = None
+    # per training step (where a predictor that learns shows when it has learnt): engine steps and lower bound
+    step_engine_steps: list[int] = field(default_factory=list)
+    step_lower_bound_steps: list[int] = field(default_factory=list)
 
 
 def add_bench_verl_parser(sub) -> None:
@@ -150,14 +153,27 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRo
         raise RuntimeError(f"bench-verl: the {backend} run at n={n} failed (rc {proc.returncode}); its log: "
                            f"{work / f'{backend}_n{n}.log'}\n{output[-3000:]}")
 
-    lower_bound = int(sum(max(m.get("response_length/max", 0.0), -(-m.get("infsample/total_tokens", 0.0) // args.slots))
-                          for m in steps.values()))
+    return row_from_steps(backend, n, prompts, args.slots, steps)
+
+
+def step_lower_bound(metrics: dict[str, float], slots: int) -> int:
+    """No schedule of a step takes fewer engine steps than its longest response, nor than its generated tokens over
+    the samples decoded at once."""
+    return int(max(metrics.get("response_length/max", 0.0), -(-metrics.get("infsample/total_tokens", 0.0) // slots)))
+
+
+def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[int, dict[str, float]]
+                   ) -> VerlBenchRow:
+    """One run's row from verl's console metrics of its training steps (``parse_step_lines``)."""
+    ordered = [steps[k] for k in sorted(steps)]
+    bounds = [step_lower_bound(m, slots) for m in ordered]
+    lower_bound = sum(bounds)
 
     def total(key: str) -> float:
-        return sum(m.get(f"infsample/{key}", 0.0) for m in steps.values())
+        return sum(m.get(f"infsample/{key}", 0.0) for m in ordered)
 
     def peak(key: str) -> int:
-        return int(max(m.get(f"infsample/{key}", 0.0) for m in steps.values()))
+        return int(max((m.get(f"infsample/{key}", 0.0) for m in ordered), default=0))
 
     return VerlBenchRow(backend=backend, n=n, prompts=prompts, samples=int(total("samples")),
                         gen_s=round(total("wall_s"), 3), engine_steps=int(total("decode_steps")),
@@ -166,9 +182,11 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRo
                         cached_prompt_tokens=int(total("cached_prompt_tokens")),
                         peak_kv_blocks=peak("peak_kv_blocks"), kv_blocks=peak("kv_blocks"),
                         kv_block_size=peak("kv_block_size"),
-                        verl_gen_s=round(sum(m.get("timing_s/gen", 0.0) for m in steps.values()), 2),
+                        verl_gen_s=round(sum(m.get("timing_s/gen", 0.0) for m in ordered), 2),
                         lower_bound_steps=lower_bound,
-                        steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None)
+                        steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None,
+                        step_engine_steps=[int(m.get("infsample/decode_steps", 0.0)) for m in ordered],
+                        step_lower_bound_steps=bounds)
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:
