@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -10,10 +11,10 @@ import pytest
 
 def pytest_configure(config):
     """The run's temporary files go to one folder of its own (``$TMPDIR``, which its workers, Ray, vLLM, torch's
-    compile cache and pytest's ``tmp_path`` inherit), removed at the end. Ray ends vLLM's CPU executor and other
-    children without their cleanup, which leaves shared-memory segments in /dev/shm; the run removes the ones it
-    created (``integration.cpu.leftovers``) once every child has ended. With pytest-xdist the controller does both,
-    once every worker has ended."""
+    compile cache and pytest's ``tmp_path`` inherit), removed at the end unless a test failed. Ray ends vLLM's CPU
+    executor and other children without their cleanup, which leaves shared-memory segments in /dev/shm; the run
+    removes the ones it created (``integration.cpu.leftovers``) once every child has ended. With pytest-xdist the
+    controller does both, once every worker has ended."""
     config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine (make test-fast skips)")
     if not hasattr(config, "workerinput"):
         config._infsample_tmp = tempfile.mkdtemp(prefix="infsample-tests-")
@@ -58,8 +59,14 @@ def pytest_unconfigure(config):
 
         leftovers.remove_left_behind(before, wait_s=15.0)
     tmp = getattr(config, "_infsample_tmp", None)
-    if tmp is not None:
+    if tmp is not None and getattr(config, "_infsample_failed", False):  # what a failed test wrote, for its post-mortem
+        print(f"\nthe failed run's temporary files are kept in {tmp}", file=sys.stderr)
+    elif tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._infsample_failed = exitstatus != 0
 
 
 @pytest.fixture(scope="session", autouse=True)

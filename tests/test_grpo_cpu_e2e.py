@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from verl_infsample.bench.in_verl import parse_step_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,18 +37,30 @@ def test_parse_step_lines():
                                           "infsample/samples": 64.0}}
 
 
-def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) -> dict[int, dict[str, float]]:
-    """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
+def run_two_steps(script: Path, work: Path, knobs: dict[str, str], *overrides: str) -> dict[int, dict[str, float]]:
+    """Two GRPO steps of an example script (``examples/cpu_env.sh``'s ``knobs``), as a user runs it; verl's console
+    metrics per step. A run that fails or hangs fails the test with the end of its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
-    env.update(MODEL_PATH=model_dir, PYTHON=sys.executable, STEPS="2", N=str(n), BATCH=str(BATCH), NGPUS="1",
-               ROLLOUT=rollout, ENGINE=engine)
-    proc = subprocess.run(["bash", str(SCRIPT), str(work), "actor_rollout_ref.actor.optim.lr=1e-3", *overrides],
-                          capture_output=True, text=True, timeout=1100, env=env, cwd=work.parent)
+    env.update(PYTHON=sys.executable, STEPS="2", NGPUS="1", **knobs)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(["bash", str(script), str(work), *overrides], capture_output=True, text=True,
+                              timeout=1100, env=env, cwd=work.parent)
+    except subprocess.TimeoutExpired as hung:  # its output comes as bytes, whatever text= says
+        output = b"".join(o if isinstance(o, bytes) else o.encode() for o in (hung.stdout or b"", hung.stderr or b""))
+        pytest.fail(f"the run took more than {hung.timeout} s; its output ends:\n"
+                    f"{output.decode(errors='replace')[-6000:]}")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     steps = parse_step_lines(output)
     assert sorted(steps) == [1, 2], output[-6000:]
     return steps
+
+
+def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) -> dict[int, dict[str, float]]:
+    """Two GRPO steps of the puzzles example script."""
+    return run_two_steps(SCRIPT, work, dict(MODEL_PATH=model_dir, N=str(n), BATCH=str(BATCH), ROLLOUT=rollout,
+                                            ENGINE=engine), "actor_rollout_ref.actor.optim.lr=1e-3", *overrides)
 
 
 def test_merge_rollout_metrics():

@@ -10,8 +10,8 @@ End to end (``examples/tools/run_grpo_cpu.sh``, as a user runs it; about 2 minut
 through verl's real trainer with multi-turn on: on verl's vLLM server with our scheduling and probes, with the YAML
 tool in verl's asynchronous ``colocate_async`` mode (aborts and resumes in probes, rests and between the turns) and
 with the function tool in the sync mode, and on verl's own ``rollout.name=vllm`` (the ``colocate_async`` run in
-``test_tool_agent_async.py``, so that a second test worker runs it beside these). verl's metrics show a tool round in most
-trajectories (4 turns: prompt, call, tool response, answer) and right answers; in the sync runs step 2's rollout
+``test_tool_agent_async.py``, so that a second test worker runs it beside these). verl's metrics show a tool round in
+most trajectories (4 turns: prompt, call, tool response, answer) and right answers; in the sync runs step 2's rollout
 log-probs equal the trainer's over the model's own tokens of both turns (the tool response masked out).
 
 Set INFSAMPLE_SKIP_E2E=1 to skip the end-to-end runs.
@@ -259,22 +259,14 @@ e2e = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INF
 
 def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *overrides: str
            ) -> dict[int, dict[str, float]]:
-    """Two GRPO steps of the example script, as a user runs it; verl's console metrics per step."""
-    from verl_infsample.bench.in_verl import parse_step_lines
+    """Two GRPO steps of the tools example script."""
+    from test_grpo_cpu_e2e import run_two_steps
 
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
-    env.update(MODEL_PATH=model_dir, PYTHON=sys.executable, STEPS="2", N=str(STEPS_N), BATCH=str(STEPS_BATCH),
-               NGPUS="1", ROLLOUT=rollout, ENGINE=engine, TOOL=tool)
-    work.parent.mkdir(parents=True, exist_ok=True)
     # a learning rate that moves every weight (Adam), so step 2 samples with other weights than step 1
-    proc = subprocess.run(["bash", str(SCRIPT), str(work), "actor_rollout_ref.actor.optim.lr=1e-3",
-                           "actor_rollout_ref.actor.entropy_coeff=0.01", *overrides], capture_output=True, text=True,
-                          timeout=1100, env=env, cwd=work.parent)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
-    steps = parse_step_lines(output)
-    assert sorted(steps) == [1, 2], output[-6000:]
-    return steps
+    return run_two_steps(SCRIPT, work, dict(MODEL_PATH=model_dir, N=str(STEPS_N), BATCH=str(STEPS_BATCH),
+                                            ROLLOUT=rollout, ENGINE=engine, TOOL=tool),
+                         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                         *overrides)
 
 
 def _check_tool_rounds(steps: dict[int, dict[str, float]], synced: bool = True) -> None:

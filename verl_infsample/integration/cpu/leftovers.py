@@ -40,10 +40,10 @@ def listing() -> set[str]:
 
 
 def in_use() -> set[str]:
-    """Names under /dev/shm that a live process maps or holds open, files of the temporary folder held open, and bound unix socket
-    paths (as far as /proc lets this user see). A mapping is matched by its inode too: glibc's ``sem_open`` maps a
-    semaphore under a temporary name and then links it to its own (``sem.mp-*``: a live multiprocessing lock), so
-    /proc shows the name it no longer has."""
+    """Names under /dev/shm that a live process maps or holds open, files of the temporary folder held open, and
+    bound unix socket paths (as far as /proc lets this user see). A mapping is matched by its inode too: glibc's
+    ``sem_open`` maps a semaphore under a temporary name and then links it to its own (``sem.mp-*``: a live
+    multiprocessing lock), so /proc shows the name it no longer has."""
     used: set[str] = set()
     inodes: set[int] = set()
     for proc in Path("/proc").glob("[0-9]*"):
@@ -90,8 +90,9 @@ def _removable(name: str) -> bool:
 
 
 def remove_left_behind(before: set[str], wait_s: float = 0.0) -> list[str]:
-    """Remove the segments, semaphores and vLLM sockets and files that are new since ``before`` and that nothing uses, waiting
-    up to ``wait_s`` for the processes that still use some to end (Ray ends a run's workers after its driver)."""
+    """Remove the segments, semaphores and vLLM sockets and files that are new since ``before`` and that nothing
+    uses, waiting up to ``wait_s`` for the processes that still use some to end (Ray ends a run's workers after its
+    driver)."""
     new = sorted(n for n in listing() - before if _removable(n))
     if not new:
         return []
