@@ -1,4 +1,4 @@
-"""The CPU mode: a "cpu" platform through verl's platform plugin API plus two patches, all opt-in.
+"""The CPU mode: a "cpu" platform through verl's platform plugin API plus four patches, all opt-in.
 
 * without the opt-in, nothing of it happens (no platform, no patch, no engine registration), and a selection of
   verl's own CPU tests passes with the plugin installed;
@@ -119,7 +119,9 @@ def test_patch_targets_are_verl_0_9_1s():
 
     patches = load_patches()
     assert sorted(Path(p.__file__).name for p in patches) == ["verl_cpu_fsdp2_offload.py",
-                                                               "verl_cpu_process_group.py"]
+                                                               "verl_cpu_process_group.py",
+                                                               "verl_cpu_weight_sync_receiver.py",
+                                                               "verl_cpu_weight_sync_sender.py"]
     for patch in patches:
         assert patch.__doc__ and "What:" in patch.__doc__ and "Why a patch:" in patch.__doc__, patch.__file__
         module, target = resolve(patch.TARGET)
@@ -134,6 +136,39 @@ def test_patch_targets_are_verl_0_9_1s():
         dist_utils.initialize_global_process_group_ray)
     assert "CPUOffloadPolicy(pin_memory=True)" in source_of(fsdp_impl.FSDPEngine._build_fsdp_module)
     assert fsdp_impl.CPUOffloadPolicy.__module__.startswith("torch.distributed")
+
+
+SOCKET_PROBE = """
+    import json, os, types
+    import verl.workers.rollout.vllm_rollout.utils as vllm_utils
+    import verl.workers.rollout.vllm_rollout.vllm_rollout as vllm_rollout
+
+    worker = types.SimpleNamespace(local_rank=0, model_runner=None)
+    print(json.dumps({
+        "sender_patched": getattr(vllm_rollout.ServerAdapter.__init__, "_infsample_cpu", False),
+        "receiver": vllm_utils.vLLMColocateWorkerExtension._get_zmq_handle(worker),
+    }))
+"""
+
+
+def test_two_ray_clusters_on_one_host_sync_weights_through_different_sockets():
+    """verl names its weight-sync socket by Ray job id, ``01000000`` for the first job of every fresh cluster; two
+    runs at once on one host then share it and hang. With the opt-in both ends put the raylet's pid in the name: the
+    vLLM end differs between clusters and still equals what the trainer end binds (verl's own f-string, scoped)."""
+    from verl_infsample.integration.cpu.weight_sync_socket import scoped_to_raylet
+    import verl.workers.rollout.vllm_rollout.vllm_rollout as vllm_rollout
+
+    ray_env = {"VERL_RAY_JOB_ID": "01000000", "VERL_REPLICA_RANK": "0"}
+    first = _run(SOCKET_PROBE, VERL_INFSAMPLE_CPU="1", RAY_RAYLET_PID="4242", **ray_env)
+    second = _run(SOCKET_PROBE, VERL_INFSAMPLE_CPU="1", RAY_RAYLET_PID="4243", **ray_env)
+    plain = _run(SOCKET_PROBE, RAY_RAYLET_PID="4242", **ray_env)
+    assert first["sender_patched"] and not plain["sender_patched"]
+    assert first["receiver"] != second["receiver"]
+    assert plain["receiver"] == "ipc:///tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock"
+    # the trainer end: verl's own name, as ServerAdapter.__init__ builds it, with the same raylet's pid
+    assert 'self.zmq_handle = f"ipc:///tmp/rl-colocate-zmq-{job_id}-replica-{self.replica_rank}-rank-{local_rank}.sock"' \
+        in source_of(vllm_rollout.ServerAdapter.__init__)
+    assert scoped_to_raylet(plain["receiver"], {"RAY_RAYLET_PID": "4242"}) == first["receiver"]
 
 
 def source_of(fn) -> str:

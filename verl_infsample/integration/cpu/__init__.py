@@ -1,4 +1,4 @@
-"""verl on the CPU, opt-in: a CPU platform through verl's platform plugin API, plus the two smallest patches.
+"""verl on the CPU, opt-in: a CPU platform through verl's platform plugin API, plus the smallest patches.
 
 Opt in with ``VERL_INFSAMPLE_CPU=1`` (which also selects ``VERL_PLATFORM=cpu``) or with ``VERL_PLATFORM=cpu``, in
 the environment of the driver (local Ray workers inherit it). ``verl_infsample.integration.plugin`` (loaded by ``import verl``)
