@@ -317,11 +317,42 @@ def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
     assert [p.step for p in trace] == [0, 0, 1, 1]
     assert trace[0].prompt_id == trace[2].prompt_id != trace[1].prompt_id  # a prompt keeps its id across steps
     first = trace[0]
-    assert first.lengths == tuple(len(tok(o, add_special_tokens=False)["input_ids"]) for o in outputs[0])
-    assert first.prompt_len == len(tok(prompts[0], add_special_tokens=False)["input_ids"])
+    responses = [tok(o, add_special_tokens=False)["input_ids"] for o in outputs[0]]
+    assert first.lengths == tuple(len(r) for r in responses)
+    assert first.prompt_tokens == tuple(tok(prompts[0], add_special_tokens=False)["input_ids"])
+    assert first.prompt_len == len(first.prompt_tokens)
+    assert [list(first.opening(i)) for i in range(2)] == [r[:16] for r in responses]  # what a probe reads
     (tmp_path / "dump" / "3.jsonl").write_text('{"input": 1}\n')
     assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
     assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
+
+
+def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_path):
+    """With each sample's opening in the trace, ``--predictor learned`` runs the server's probe and after-probe
+    prediction: a group's samples that open the way long ones did before run first, which a trace without openings
+    cannot show (refused by name)."""
+    from verl_infsample.core.trace import TracePrompt
+    from verl_infsample.replay.runner import ReplayConfig, replay
+
+    def step(k):  # four prompts; in each, the samples opening with token 9 run 120 tokens, those opening with 5 run 4
+        return [TracePrompt(f"p{k}-{i}", 6, (4,) * 6 + (120,) * 2, prompt_tokens=tuple(range(10 + i, 16 + i)),
+                            openings=((5, 6, 7, 8),) * 6 + ((9,) * 16,) * 2, step=k) for i in range(4)]
+
+    trace = [p for k in range(6) for p in step(k)]
+    common = dict(replicas=1, max_num_seqs=4, num_blocks=400, block_size=16, agent_workers=1,
+                  backends=("vllm", "infinite"), workers=1)
+    rows, _ = replay(trace, ReplayConfig(**common, predictor="learned:k=1,min=8"))
+    last = {r.backend: r for r in rows if r.step == 5}
+    assert last["infinite"].probes == 32 and last["infinite"].samples == last["vllm"].samples == 32
+    assert last["infinite"].engine_steps == last["infinite"].lower_bound_steps < last["vllm"].engine_steps
+    alike = [TracePrompt(p.prompt_id, p.prompt_len, p.lengths, p.prompt_tokens, step=p.step,
+                         openings=tuple(((7,) * min(n, 16)) for n in p.lengths)) for p in trace]
+    rows, _ = replay(alike, ReplayConfig(**common, predictor="learned:k=1,min=8"))
+    alike_last = next(r for r in rows if r.step == 5 and r.backend == "infinite")
+    assert alike_last.engine_steps > last["infinite"].engine_steps  # openings that tell nothing: no such order
+    bare = [TracePrompt(p.prompt_id, p.prompt_len, p.lengths, step=p.step) for p in trace]
+    with pytest.raises(ValueError, match="--predictor learned:k=1,min=8: it reads each sample's opening"):
+        replay(bare, ReplayConfig(**common, predictor="learned:k=1,min=8"))
 
 
 def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():

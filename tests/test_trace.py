@@ -14,6 +14,19 @@ def test_roundtrip_and_reproducible(tmp_path):
     assert read_trace(tmp_path / "t.jsonl") == a
 
 
+def test_openings_roundtrip_and_stand_in_for_the_whole_tokens(tmp_path):
+    from verl_infsample.core.trace import OPENING_TOKENS, TracePrompt
+
+    long = tuple(range(1, OPENING_TOKENS + 1))
+    a = [TracePrompt("p", 2, (3, 40), prompt_tokens=(7, 8), openings=((4, 5, 6), long), step=1)]
+    write_trace(a, tmp_path / "t.jsonl")
+    (b,) = read_trace(tmp_path / "t.jsonl")
+    assert b == a[0] and b.opening(0) == (4, 5, 6) and b.opening(1) == long
+    whole = TracePrompt("q", 1, (20,), tokens=(tuple(range(100, 120)),))
+    assert whole.opening(0) == tuple(range(100, 100 + OPENING_TOKENS))
+    assert TracePrompt("r", 1, (5,)).opening(0) == ()
+
+
 def test_distributions_have_the_documented_shape():
     lognormal = synth_trace(400, 32, 4096, "lognormal", seed=0)
     medians = np.array([np.median(p.lengths) for p in lognormal])
@@ -35,6 +48,10 @@ def test_distributions_have_the_documented_shape():
     ('{"prompt_id": "a", "prompt_len": 3, "lengths": []}', "non-empty list"),
     ('{"prompt_id": "a", "prompt_len": 3, "lengths": [4, 0]}', r"'lengths'\[1\] must be an integer >= 1"),
     ('{"prompt_id": "a", "prompt_len": 3, "lengths": [4, 2.5]}', r"'lengths'\[1\]"),
+    ('{"prompt_id": "a", "prompt_len": 3, "lengths": [4, 2], "openings": [[1, 2, 3, 4]]}', "one list per sample"),
+    ('{"prompt_id": "a", "prompt_len": 3, "lengths": [4, 2], "openings": [[1, 2, 3, 4], [5]]}',
+     r"'openings'\[1\] must be a list of min\(lengths\[1\], 16\) \(2\)"),
+    ('{"prompt_id": "a", "prompt_len": 3, "lengths": [40], "openings": [[1, 2, 3]]}', r"\(16\) token ids"),
 ])
 def test_malformed_lines_name_the_line_and_field(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

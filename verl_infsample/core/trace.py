@@ -6,8 +6,10 @@ samples. Simulators replay it; predictors learn from it.
 Optional fields, for token-conditioned predictors (``infsample eval-predictor --trace``), all or some of:
 ``"prompt_tokens": [..prompt_len ids..]``, ``"tokens": [[..lengths[i] ids..] per sample]`` and, per sample and
 token as ``tokens``, ``"logprobs"`` (of the drawn token), ``"entropies"`` (nats, of the distribution it was drawn
-from) and ``"stop_logprobs"`` (log of the mass on the stop tokens; ``null`` for -inf). Readers that know only the
-three required fields ignore them.
+from) and ``"stop_logprobs"`` (log of the mass on the stop tokens; ``null`` for -inf); or, instead of the whole
+``tokens``, ``"openings"``: each sample's first ids, ``OPENING_TOKENS`` at most (what ``trace from-verl`` keeps, and
+what the replay's ``infinite`` needs to run a predictor that reads openings). Readers that know only the three
+required fields ignore them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class TraceError(ValueError):
     """A trace that cannot be read: the message names the file, the line and the field."""
 
 
+OPENING_TOKENS = 16  # the opening a trace keeps of each sample: a probe reads at most this many
+
+
 @dataclass(frozen=True)
 class TracePrompt:
     prompt_id: str
@@ -35,10 +40,19 @@ class TracePrompt:
     entropies: tuple[tuple[float, ...], ...] | None = None
     stop_logprobs: tuple[tuple[float, ...], ...] | None = None
     step: int = 0
+    # per sample, its first generated ids (at most ``OPENING_TOKENS``, fewer where it ended sooner): what a predictor
+    # that reads a sample's opening sees of it, where the whole of ``tokens`` was not kept (``trace from-verl``)
+    openings: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def group_size(self) -> int:
         return len(self.lengths)
+
+    def opening(self, i: int) -> tuple[int, ...]:
+        """Sample ``i``'s first generated ids as the trace knows them (empty where it does not)."""
+        if self.tokens is not None:
+            return self.tokens[i][:OPENING_TOKENS]
+        return self.openings[i] if self.openings is not None else ()
 
 
 def read_trace(path: str | Path) -> list[TracePrompt]:
@@ -113,6 +127,16 @@ def _parse_prompt(obj, where: str) -> TracePrompt:
                 raise TraceError(f"{where}: '{key}'[{i}] must be a list of lengths[{i}] ({n}) {what}")
         per_token[key] = tuple(tuple(int(t) for t in row) if is_id else
                                tuple(-math.inf if t is None else float(t) for t in row) for row in rows)
+    openings = obj.get("openings")
+    if openings is not None:
+        if not isinstance(openings, list) or len(openings) != len(lengths):
+            raise TraceError(f"{where}: 'openings' must be a list with one list per sample ({len(lengths)})")
+        for i, (row, n) in enumerate(zip(openings, lengths)):
+            if not (isinstance(row, list) and len(row) == min(n, OPENING_TOKENS)
+                    and all(_is_int(t) and t >= 0 for t in row)):
+                raise TraceError(f"{where}: 'openings'[{i}] must be a list of min(lengths[{i}], {OPENING_TOKENS}) "
+                                 f"({min(n, OPENING_TOKENS)}) token ids >= 0")
+        per_token["openings"] = tuple(tuple(int(t) for t in row) for row in openings)
     return TracePrompt(str(pid), int(plen), lengths, prompt_tokens, **per_token, step=int(step))
 
 
@@ -128,7 +152,7 @@ def write_trace(prompts: list[TracePrompt], path: str | Path) -> None:
                 obj["step"] = p.step
             if p.prompt_tokens is not None:
                 obj["prompt_tokens"] = list(p.prompt_tokens)
-            for key in ("tokens", "logprobs", "entropies", "stop_logprobs"):
+            for key in ("tokens", "logprobs", "entropies", "stop_logprobs", "openings"):
                 rows = getattr(p, key)
                 if rows is not None:
                     obj[key] = [[None if isinstance(t, float) and math.isinf(t) else t for t in row] for row in rows]

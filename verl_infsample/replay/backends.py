@@ -56,16 +56,19 @@ class StepSample:
     batch_position: int  # its prompt's place in verl's batch: the priority verl forwards to vLLM
     uid: int  # its place among all samples of the trace step (seeds the noisy predictor per sample)
     length: int  # its true length (the trace's, capped at the response length)
+    opening: tuple[int, ...] = ()  # its first generated ids, where the trace has them (what a probe reads)
 
 
 def step_samples(prompts: list[TracePrompt], step: int, max_response_length: int, vocab: int) -> list[StepSample]:
     """A step's samples in verl's batch order: prompt by prompt, each prompt's n samples."""
     out = []
     for pos, p in enumerate(prompts):
-        tokens = prompt_token_ids(p.prompt_id, p.prompt_len, vocab)
+        tokens = p.prompt_tokens
+        if tokens is None or not all(t < vocab for t in tokens):  # a stand-in, shared by the group's samples
+            tokens = prompt_token_ids(p.prompt_id, p.prompt_len, vocab)
         for j, n in enumerate(p.lengths):
             out.append(StepSample(f"s{step}-{p.prompt_id}-{j}", p.prompt_id, tokens, pos, len(out),
-                                  min(n, max_response_length)))
+                                  min(n, max_response_length), p.opening(j)))
     return out
 
 
@@ -185,7 +188,8 @@ class InfiniteBackend:
             return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority,
                                  predicted_len=request.sample.predicted_len)
         probe_priority = request.priority
-        rest_priority = order.after_probe(request, TokenWindow((0,) * k))
+        opening = s.opening[:k] if len(s.opening) >= k else (0,) * k  # a trace's prediction needs no tokens
+        rest_priority = order.after_probe(request, TokenWindow(opening))
         return ReplayRequest(f"{s.request_id}-probe", s.prompt_tokens, k, priority=probe_priority,
                              rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
                                                 predicted_len=request.sample.predicted_len))

@@ -33,7 +33,9 @@ def add_replay_parser(sub) -> None:
     p.add_argument("--backend", action="append",
                    help=f"backends to replay (repeat or comma-separate; default: all of {', '.join(BACKENDS)})")
     p.add_argument("--predictor", default="history",
-                   help="infinite's predictor: history (the product's) | none | noisy:SIGMA | oracle")
+                   help="infinite's predictor: history (the product's default) | none | noisy:SIGMA | oracle | "
+                        "learned[:k=K] (probes each sample and reads its opening, as the server does; needs a trace "
+                        "with openings: trace from-verl)")
     p.add_argument("--probe-tokens", type=int, default=16,
                    help="with noisy:SIGMA or oracle, infinite probes each sample's first K tokens and learns its "
                         "prediction then, as the product's learned predictor does on vLLM (0: predictions at "
@@ -59,9 +61,9 @@ def cmd_replay(args) -> int:
 
     backends = tuple(n.strip() for item in (args.backend or [",".join(BACKENDS)]) for n in item.split(",")
                      if n.strip())
-    if args.predictor.partition(":")[0] not in ("history", "none", "noisy", "oracle"):
-        raise ValueError(f"--predictor {args.predictor!r}: the replay's infinite takes history, none, noisy:SIGMA "
-                         "or oracle")
+    if args.predictor.partition(":")[0] not in ("history", "none", "noisy", "oracle", "learned"):
+        raise ValueError(f"--predictor {args.predictor!r}: the replay's infinite takes history, none, noisy:SIGMA, "
+                         "oracle or learned[:k=K,...] (on a trace with openings: trace from-verl)")
     config = ReplayConfig(
         gpu=args.gpu, model=args.model, tp=args.tp, replicas=args.replicas,
         gpu_memory_utilization=args.gpu_memory_utilization, num_blocks=args.num_blocks,

@@ -6,7 +6,9 @@ and ``output`` (response), its ``step`` and, from the V1 trainer, its ``uid`` (`
 Lengths are in tokens, so the text is tokenized again with the run's tokenizer: special tokens were stripped when
 verl decoded it, so a prompt counts without its chat template's special tokens and a response without its stop
 token (both a few tokens short of what vLLM held). Samples of one prompt in one step form a group; a prompt keeps
-its id across steps (its text), so history carries over as in training.
+its id across steps (its text), so history carries over as in training. The trace keeps each prompt's token ids
+and each sample's opening (its first ``OPENING_TOKENS`` ids), so the replay's ``infinite`` can run the product's
+``learned`` predictor on them as the server does after a probe.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..core.trace import TraceError, TracePrompt, json_lines
+from ..core.trace import OPENING_TOKENS, TraceError, TracePrompt, json_lines
 
 
 def trace_from_verl(dump_dir: str | Path, tokenizer_path: str) -> list[TracePrompt]:
@@ -29,8 +31,8 @@ def trace_from_verl(dump_dir: str | Path, tokenizer_path: str) -> list[TraceProm
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError) as e:
         raise TraceError(f"--tokenizer {tokenizer_path}: cannot load a tokenizer there ({e})") from None
-    groups: dict[tuple[int, str], list[int]] = {}
-    prompt_lens: dict[str, int] = {}
+    groups: dict[tuple[int, str], list[tuple[int, ...]]] = {}  # (step, prompt) -> each sample's response ids
+    prompts: dict[str, tuple[int, ...]] = {}
     for path in files:
         for where, obj in json_lines(path, "verl's rollout dump lines"):
             if not isinstance(obj, dict) or not isinstance(obj.get("input"), str) or not isinstance(
@@ -40,11 +42,12 @@ def trace_from_verl(dump_dir: str | Path, tokenizer_path: str) -> list[TraceProm
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise TraceError(f"{where}: 'step' must be an integer >= 0, got {step!r}")
             pid = "v" + hashlib.blake2b(obj["input"].encode(), digest_size=6).hexdigest()
-            if pid not in prompt_lens:
-                prompt_lens[pid] = len(tok(obj["input"], add_special_tokens=False)["input_ids"])
-            length = max(1, len(tok(obj["output"], add_special_tokens=False)["input_ids"]))
-            groups.setdefault((step, pid), []).append(length)
+            if pid not in prompts:
+                prompts[pid] = tuple(tok(obj["input"], add_special_tokens=False)["input_ids"])
+            response = tuple(tok(obj["output"], add_special_tokens=False)["input_ids"]) or (tok.eos_token_id or 0,)
+            groups.setdefault((step, pid), []).append(response)
     steps = sorted({s for s, _ in groups})
     index = {s: i for i, s in enumerate(steps)}  # verl's steps start at 1; a trace's at 0
-    return [TracePrompt(pid, prompt_lens[pid], tuple(lengths), step=index[step])
-            for (step, pid), lengths in groups.items()]
+    return [TracePrompt(pid, len(prompts[pid]), tuple(len(r) for r in responses), prompt_tokens=prompts[pid],
+                        openings=tuple(r[:OPENING_TOKENS] for r in responses), step=index[step])
+            for (step, pid), responses in groups.items()]

@@ -207,6 +207,7 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     config.check()
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
     _check_pool(trace, config, cap)
+    _check_openings(trace, config, cap)
     backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
                              config.probe_tokens) for b in config.backends]
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
@@ -215,6 +216,18 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     except BaseException:
         _drop_pool()
         raise
+
+
+def _check_openings(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:
+    """A predictor that reads each sample's opening (``learned``) needs the trace to have them."""
+    from ..predict import make_predictor
+
+    if not {"infinite", "infinite-late", "infinite-gated"} & set(config.backends):
+        return
+    if make_predictor(config.predictor, max_len=cap).reads_tokens and any(
+            not p.opening(i) for p in trace for i in range(p.group_size)):
+        raise ValueError(f"--predictor {config.predictor}: it reads each sample's opening, and this trace has "
+                         "none for some samples; make the trace with `infsample trace from-verl`, which keeps them")
 
 
 def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
