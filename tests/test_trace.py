@@ -73,3 +73,33 @@ def test_duplicate_ids_and_empty_files(tmp_path):
         read_trace(tmp_path / "empty.jsonl")
     with pytest.raises(TraceError, match="cannot read"):
         read_trace(tmp_path / "missing.jsonl")
+
+
+def test_odd_traces_are_read_or_refused_by_name_never_crash(tmp_path):
+    """Fuzz: lines of a valid trace with fields replaced by odd JSON values (wrong types, huge or negative numbers,
+    nesting, empty or long lists) are either read or refused with a TraceError naming the line: no other error."""
+    import random
+
+    from verl_infsample.core.trace import TracePrompt
+
+    rng = random.Random(11)
+    oddities = [None, True, -1, 0, 2 ** 70, 1.5, float("nan"), "x", "", [], {}, [[]], [None], [1, "a"], [-3],
+                [[1, 2, 3]] * 3, list(range(40)), [[0] * 16, [1]], {"a": [1]}, [2 ** 64]]
+    base = TracePrompt("p", 3, (4, 20), prompt_tokens=(1, 2, 3), openings=((5, 6, 7, 8), tuple(range(16))), step=2)
+    write_trace([base], tmp_path / "base.jsonl")
+    good = json.loads((tmp_path / "base.jsonl").read_text())
+    keys = list(good) + ["tokens", "logprobs", "entropies", "stop_logprobs"]
+    read = refused = 0
+    for i in range(400):
+        obj = dict(good)
+        for key in rng.sample(keys, rng.randint(1, 3)):
+            obj[key] = rng.choice(oddities)
+        path = tmp_path / f"odd{i}.jsonl"
+        path.write_text(json.dumps(obj) + "\n")
+        try:
+            read_trace(path)
+            read += 1
+        except TraceError as e:
+            assert f"{path}:1" in str(e)
+            refused += 1
+    assert refused > 300 and read + refused == 400
