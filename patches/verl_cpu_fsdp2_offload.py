@@ -16,13 +16,15 @@ SOURCE_SHA256 = "41da6c4ed82d496a178552d687d2b57533ec8d8ce8f350028dbb5fe4fbd6187
 
 
 def apply(module) -> None:
-    policy_cls = module.CPUOffloadPolicy
-    if getattr(policy_cls, "_infsample_cpu", False) or policy_cls is None:
+    from verl_infsample.integration.cpu import wrap_once
+
+    if module.CPUOffloadPolicy is None:  # torch before 2.4 (no FSDP2): nothing to change
         return
 
-    def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class
-        return policy_cls(pin_memory=False, **kwargs)
+    def wrap(policy_cls):
+        def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class
+            return policy_cls(pin_memory=False, **kwargs)
 
-    CPUOffloadPolicy._infsample_cpu = True
-    CPUOffloadPolicy.__wrapped__ = policy_cls
-    module.CPUOffloadPolicy = CPUOffloadPolicy
+        return CPUOffloadPolicy
+
+    wrap_once(module, "CPUOffloadPolicy", wrap)

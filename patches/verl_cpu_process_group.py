@@ -17,16 +17,14 @@ SOURCE_SHA256 = "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507a
 
 
 def apply(module) -> None:
-    original = module.initialize_global_process_group_ray
-    if getattr(original, "_infsample_cpu", False):
-        return
+    from verl_infsample.integration.cpu import wrap_once
 
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        if backend is None and module.get_device_name() == "cpu":
-            backend = "cpu:gloo"
-        return original(timeout_second=timeout_second, backend=backend)
+    def wrap(original):
+        def initialize_global_process_group_ray(timeout_second=None, backend=None):
+            if backend is None and module.get_device_name() == "cpu":
+                backend = "cpu:gloo"
+            return original(timeout_second=timeout_second, backend=backend)
 
-    initialize_global_process_group_ray._infsample_cpu = True
-    initialize_global_process_group_ray.__wrapped__ = original
-    initialize_global_process_group_ray.__doc__ = original.__doc__
-    module.initialize_global_process_group_ray = initialize_global_process_group_ray
+        return initialize_global_process_group_ray
+
+    wrap_once(module, "initialize_global_process_group_ray", wrap)

@@ -14,15 +14,13 @@ SOURCE_SHA256 = "f9d548bcb1b8f444b704507ee0e6003ab8b5404797b26c162ef7d124ccbd970
 
 
 def apply(module) -> None:
+    from verl_infsample.integration.cpu import wrap_once
     from verl_infsample.integration.cpu.weight_sync_socket import scoped_to_raylet
 
-    original = module.vLLMColocateWorkerExtension._get_zmq_handle
-    if getattr(original, "_infsample_cpu", False):
-        return
+    def wrap(original):
+        def _get_zmq_handle(self) -> str:
+            return scoped_to_raylet(original(self))
 
-    def _get_zmq_handle(self) -> str:
-        return scoped_to_raylet(original(self))
+        return _get_zmq_handle
 
-    _get_zmq_handle._infsample_cpu = True
-    _get_zmq_handle.__wrapped__ = original
-    module.vLLMColocateWorkerExtension._get_zmq_handle = _get_zmq_handle
+    wrap_once(module.vLLMColocateWorkerExtension, "_get_zmq_handle", wrap)

@@ -16,17 +16,14 @@ SOURCE_SHA256 = "43eb8875a3e884ca7d588d629c2e120ce962f4f90c116200f88c135663e0170
 
 
 def apply(module) -> None:
+    from verl_infsample.integration.cpu import wrap_once
     from verl_infsample.integration.cpu.weight_sync_socket import scoped_to_raylet
 
-    original = module.ServerAdapter.__init__
-    if getattr(original, "_infsample_cpu", False):
-        return
+    def wrap(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.zmq_handle = scoped_to_raylet(self.zmq_handle)
 
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.zmq_handle = scoped_to_raylet(self.zmq_handle)
+        return __init__
 
-    __init__._infsample_cpu = True
-    __init__.__wrapped__ = original
-    __init__.__doc__ = original.__doc__
-    module.ServerAdapter.__init__ = __init__
+    wrap_once(module.ServerAdapter, "__init__", wrap)

@@ -18,19 +18,16 @@ SOURCE_SHA256 = "f66c4333e1186928e14ad5f30fef4d384905694f557f2247ea2c930daccbb21
 
 
 def apply(module) -> None:
-    cls = module.UnquantizedLinearMethod
-    original = cls.process_weights_after_loading
-    if getattr(original, "_infsample_cpu", False):
-        return
+    from verl_infsample.integration.cpu import wrap_once
 
-    def process_weights_after_loading(self, layer) -> None:
-        if not module.current_platform.is_cpu() or getattr(layer, "_cpu_skip_gemm_dispatch", False):
-            return original(self, layer)
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    def wrap(original):
+        def process_weights_after_loading(self, layer) -> None:
+            if not module.current_platform.is_cpu() or getattr(layer, "_cpu_skip_gemm_dispatch", False):
+                return original(self, layer)
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+            dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
 
-    process_weights_after_loading._infsample_cpu = True
-    process_weights_after_loading.__wrapped__ = original
-    process_weights_after_loading.__doc__ = original.__doc__
-    cls.process_weights_after_loading = process_weights_after_loading
+        return process_weights_after_loading
+
+    wrap_once(module.UnquantizedLinearMethod, "process_weights_after_loading", wrap)

@@ -15,17 +15,14 @@ SOURCE_SHA256 = "b4a3216380cac390b6f450b3c20ae62fda5775af00fb77517a4e993e024fbce
 
 
 def apply(module) -> None:
-    cls = module.AsyncLLM
-    original = cls.pause_generation
-    if getattr(original, "_infsample_cpu", False):
-        return
+    from verl_infsample.integration.cpu import wrap_once
 
-    async def pause_generation(self, *, wait_for_inflight_requests: bool | None = None, **kwargs) -> None:
-        if wait_for_inflight_requests is not None:
-            kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
-        return await original(self, **kwargs)
+    def wrap(original):
+        async def pause_generation(self, *, wait_for_inflight_requests: bool | None = None, **kwargs) -> None:
+            if wait_for_inflight_requests is not None:
+                kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
+            return await original(self, **kwargs)
 
-    pause_generation._infsample_cpu = True
-    pause_generation.__wrapped__ = original
-    pause_generation.__doc__ = original.__doc__
-    cls.pause_generation = pause_generation
+        return pause_generation
+
+    wrap_once(module.AsyncLLM, "pause_generation", wrap)

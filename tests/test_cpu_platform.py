@@ -139,7 +139,7 @@ def test_patch_targets_are_verl_0_9_1s():
 
 
 SOCKET_PROBE = """
-    import json, os, types
+    import json, types
     import verl.workers.rollout.vllm_rollout.utils as vllm_utils
     import verl.workers.rollout.vllm_rollout.vllm_rollout as vllm_rollout
 

@@ -97,6 +97,19 @@ def _register_fsdp_engines(module) -> None:
         EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(cls)
 
 
+def wrap_once(owner, name: str, wrap) -> None:
+    """Replace ``owner.<name>`` with ``wrap(original)``, once: the replacement is marked ``_infsample_cpu``, keeps the
+    original as ``__wrapped__`` (which :func:`source_sha256` follows) and its docstring; a marked one stays."""
+    original = getattr(owner, name)
+    if getattr(original, "_infsample_cpu", False):
+        return
+    replacement = wrap(original)
+    replacement._infsample_cpu = True
+    replacement.__wrapped__ = original
+    replacement.__doc__ = original.__doc__
+    setattr(owner, name, replacement)
+
+
 class PatchMismatch(RuntimeError):
     """A patch's target is not the code the patch was written for (another verl or vLLM version)."""
 
