@@ -353,6 +353,8 @@ def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_pat
     bare = [TracePrompt(p.prompt_id, p.prompt_len, p.lengths, step=p.step) for p in trace]
     with pytest.raises(ValueError, match="--predictor learned:k=1,min=8: it reads each sample's opening"):
         replay(bare, ReplayConfig(**common, predictor="learned:k=1,min=8"))
+    with pytest.raises(ValueError, match=r"its first 64 tokens\), and this trace has fewer"):  # it keeps 16
+        replay(trace, ReplayConfig(**common, predictor="learned:k=64,min=8"))
 
 
 def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():

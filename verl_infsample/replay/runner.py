@@ -15,7 +15,7 @@ import multiprocessing.pool
 import os
 from dataclasses import asdict, dataclass, field
 
-from ..core.trace import TracePrompt, rollout_steps
+from ..core.trace import OPENING_TOKENS, TracePrompt, rollout_steps
 from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
 from .kv_gated import replay_gated
@@ -219,15 +219,18 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
 
 
 def _check_openings(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:
-    """A predictor that reads each sample's opening (``learned``) needs the trace to have them."""
+    """A predictor that reads each sample's opening (``learned``: the probe's first k tokens, as the server's
+    ``VLLMRequestOrder`` sizes it) needs the trace to have that much of each sample."""
+    from ..integration.rollout.vllm_order import VLLMRequestOrder
     from ..predict import make_predictor
 
     if not {"infinite", "infinite-late", "infinite-gated"} & set(config.backends):
         return
-    if make_predictor(config.predictor, max_len=cap).reads_tokens and any(
-            not p.opening(i) for p in trace for i in range(p.group_size)):
-        raise ValueError(f"--predictor {config.predictor}: it reads each sample's opening, and this trace has "
-                         "none for some samples; make the trace with `infsample trace from-verl`, which keeps them")
+    k = VLLMRequestOrder("longest_first", make_predictor(config.predictor, max_len=cap)).probe_tokens
+    if k and any(len(p.opening(i)) < min(n, k) for p in trace for i, n in enumerate(p.lengths)):
+        raise ValueError(f"--predictor {config.predictor}: it reads each sample's opening (its first {k} tokens), "
+                         "and this trace has fewer for some samples; make the trace with `infsample trace "
+                         f"from-verl` (it keeps {OPENING_TOKENS}) and take k <= {OPENING_TOKENS}")
 
 
 def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
