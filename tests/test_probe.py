@@ -85,3 +85,70 @@ def test_a_token_reading_predictor_probes_and_its_opening_reorders_the_rest():
     assert long_rest < short_rest  # the sample predicted longer runs its rest first
     assert not order.arrive(prompt, max_tokens=4).probe  # a request no longer than the probe runs whole
     assert not order.arrive(prompt, max_tokens=64, may_probe=False).probe
+
+
+def _probed(order, prompt, opening, group_size=8):
+    """A sample of ``prompt`` that arrives, runs its probe in vLLM and goes on with ``opening``."""
+    r = order.arrive(prompt, group_size=group_size, max_tokens=64)
+    order.enter()
+    order.leave()
+    order.after_probe(r, TokenWindow(opening))
+    return r
+
+
+def test_held_rests_go_into_vllm_only_as_it_has_room_in_the_plans_order():
+    """Rests wait in the order while ``room`` requests are inside vLLM; each release fills the room, best first."""
+    order = VLLMRequestOrder("longest_first", make_predictor("noisy:0.0", max_len=64), probe_tokens=2, room=3)
+    requests = []
+    for uid, length in enumerate([10, 50, 20, 40, 30]):
+        r = order.arrive([1, 2, 3], group_size=5, uid=uid, true_len=length, max_tokens=64)
+        order.enter()
+        requests.append(r)
+    for r in requests:  # every probe is in vLLM: no rest may join them
+        order.hold(r)
+        assert order.release() == []
+    for _ in requests:
+        order.leave()
+    first = order.release()
+    assert [r.sample.true_len for r in first] == [50, 40, 30] and order.in_engine == 3 and order.held == 2
+    assert order.release() == []
+    order.leave()
+    assert [r.sample.true_len for r in order.release()] == [20]
+    assert order.held == 1
+
+
+def test_held_rests_are_ranked_at_release_by_what_the_step_has_taught_so_far():
+    """A first step, nothing learned before: every rest is predicted alike when held. As the first samples finish
+    the predictor learns that an opening of 9s runs long, and the rests still held are re-ranked: every long one
+    goes in before the short ones left."""
+    order = VLLMRequestOrder("longest_first", make_predictor("learned:k=4,min=4", max_len=64), room=2)
+    long_opening, short_opening = [9, 9, 9, 9], [1, 2, 3, 4]
+    order.new_step()
+    held = [_probed(order, [5, 6, 7, 8], long_opening if i % 2 else short_opening, group_size=40) for i in range(40)]
+    for r in held:
+        order.hold(r)
+    assert len({r.priority for r in held}) == 1  # nothing tells them apart yet
+    released = []
+    while order.held or order.in_engine:
+        for r in order.release():
+            released.append(r)
+        done = released[-1] if order.in_engine else None
+        if done is not None:  # the request inside vLLM the longest ends, with its true length
+            order.leave()
+            order.finished(done, 60 if done.sample.index % 2 else 6)
+    assert len(released) == 40
+    late = [r.sample.index % 2 for r in released[20:]]
+    assert late == sorted(late, reverse=True)  # once learned: the long ones first, then the short
+    assert sum(r.sample.index % 2 for r in released[-8:]) == 0  # the last ones out are short
+
+
+def test_an_abort_answers_every_held_rest_and_a_withdrawn_rest_is_never_released():
+    order = VLLMRequestOrder("longest_first", make_predictor("learned:k=4,min=4", max_len=64), room=1)
+    a, b, c = (_probed(order, [5, 6], [1, 2, 3, 4]) for _ in range(3))
+    order.enter()  # vLLM is full
+    for r in (a, b, c):
+        order.hold(r)
+    assert order.withdraw(b) is b and order.withdraw(b) is None
+    assert order.drop_held() == [a, c] and order.held == 0
+    order.leave()
+    assert order.release() == [] and order.in_engine == 0

@@ -315,6 +315,7 @@ def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
         # the turns were probed, those that went on ran their rest; none was refused a probe
         assert 1 <= m["infsample/probe_continuations"] <= m["infsample/probes"] <= m["infsample/samples"]
         assert m.get("infsample/probe_skipped", 0) == 0
+        assert m.get("infsample/rests_held", 0) <= m["infsample/probe_continuations"]  # held only while vLLM is full
 
 
 @e2e

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict, deque
+from functools import partial
 from itertools import accumulate
 from typing import Sequence
 
@@ -54,6 +55,16 @@ class LengthPredictor:
         """A running sample reached one of the checkpoints with these token features; True if its prediction
         changed. Called only where ``reads_tokens``."""
         return False
+
+    def refresh(self, group: Group, sample: Sample) -> None:
+        """``sample`` is paused (its probe decoded, its rest not yet started) and about to be ranked again: predict it
+        from what is known now (siblings finished since its tokens were read), not from what was known then."""
+
+    def revision(self) -> int:
+        """The model's revision, brought up to date with what it has observed (a re-fit where one is due). It
+        changes whenever the predictions of paused samples may change beyond their own groups' news: whoever ranks
+        paused samples re-predicts them all then, and otherwise only the groups that moved."""
+        return 0
 
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """The final length of a running sample that has generated its predicted length and goes on. Called only
@@ -130,7 +141,7 @@ class HistoryPredictor(LengthPredictor):
         self._sum: dict[str, float] = defaultdict(float)
         self._count: dict[str, int] = defaultdict(int)
         self._global_sum, self._global_count = 0.0, 0
-        self._lengths: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=self.KEPT_PER_PROMPT))
+        self._lengths: dict[str, deque[int]] = defaultdict(partial(deque, maxlen=self.KEPT_PER_PROMPT))
         self._all_lengths: deque[int] = deque(maxlen=16 * self.KEPT_PER_PROMPT)
         self._this_batch: dict[str, list[int]] = defaultdict(list)  # finished in the rollout in progress
         # a pool's lengths sorted, with suffix sums, for ``predict_outgrown`` (read every step under a KV budget;

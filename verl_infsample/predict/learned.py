@@ -203,6 +203,27 @@ class LearnedPredictor(LengthPredictor):
         live.generated, live.cached, live.siblings = n, None, ctx.finished
         return True
 
+    def refresh(self, group: Group, sample: Sample) -> None:
+        """A paused sample's latest snapshot takes its siblings as they are now, and the regressors as they are."""
+        live = self._live.get((group.prompt_id, sample.index))
+        if live is None or not live.snapshots:
+            return
+        ctx = self._context(group)
+        if live.siblings != ctx.finished:
+            ci, own, _ = live.snapshots[-1]
+            live.snapshots[-1] = (ci, own, ctx.siblings)
+            live.siblings = ctx.finished
+        live.cached = None
+
+    def revision(self) -> int:
+        """The regressors' solves so far (each changes every prediction), after re-solving each that has
+        ``refit_every`` new samples waiting (or has left the ``history`` fallback): what the step's first samples
+        taught counts for the samples still paused."""
+        for ci in range(len(self.checkpoints)):
+            if self._ready[ci] and (len(self._rows[ci]) >= self.refit_every or not self._solved[ci]):
+                self._solve(ci)
+        return sum(self._version)
+
     def predict_outgrown(self, group: Group, sample: Sample) -> float:
         """Past its prediction a sample is predicted as ``history`` does (earlier lengths beyond what it has)."""
         return self.history.predict_outgrown(group, sample)

@@ -10,11 +10,11 @@ priority. What each does is the real code's doing, called here, not re-told:
   for another rollout name) and verl's router, as the shipped config has it on vLLM (``router="group_affinity"``:
   our ``GroupAffinityRouter``, each group whole, largest predicted work first); each replica's server orders its
   requests by ``VLLMRequestOrder`` (the plan's priorities from its own predictor, which learns from the samples that
-  replica finished) under ``scheduling_policy=priority``. With a trace's per-sample prediction (``noisy:SIGMA``)
-  each sample runs as the server runs it with a token-reading predictor: a probe of ``probe_tokens``, after which
-  its prediction is known (``revealed``), then its rest at that prediction's place. A rest's priority is computed
-  when the step is routed, from what the predictor knew then and the sample's own prediction (a live server also
-  hears of siblings that finish during the step).
+  replica finished) under ``scheduling_policy=priority``. With a predictor that reads tokens (``learned``), or a
+  trace's per-sample prediction (``noisy:SIGMA``), each sample runs as the server runs it: a probe of
+  ``probe_tokens``, after which its prediction is known (``revealed``), then its rest, held in the server's order
+  and released as vLLM has room, ranked by the predictions as they stand then (``held_rests``: the order runs beside
+  the replica and learns each sample as it finishes).
 - ``infinite-late``: ``infinite`` with late binding (``late_binding``): one predictor and one order for the step,
   the requests in one queue in that order, each replica taking the next when it has room.
 - ``infinite-gated``: ``infinite`` with the KV-peak gate (``core.kv_gate``, ``kv_gated``) in front of each
@@ -110,6 +110,9 @@ class VerlVLLMBackend:
             out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=s.batch_position))
         return out
 
+    def held_rests(self, replica: int) -> None:
+        """verl's vLLM server holds nothing back: every request goes into vLLM as it arrives."""
+
     def observe(self, finished: list[list[tuple[StepSample, int]]]) -> None:
         """verl's vLLM rollout learns nothing from a step."""
 
@@ -123,10 +126,12 @@ class InfiniteBackend:
 
     late_binding = False
     kv_gated = False
+    holds_rests = True  # a probe's rest waits in the replica's order (``held_rests``)
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, ordering: str = "longest_first",
-                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0):
-        from ..integration.rollout.vllm_order import VLLMRequestOrder
+                 seed: int = 0, oracle: bool = False, router: str = "group_affinity", probe_tokens: int = 0,
+                 max_num_seqs: int = 256):
+        from ..integration.rollout.vllm_order import VLLMRequestOrder, engine_room
         from ..predict import make_predictor
         from .revealed import RevealedByProbe
 
@@ -143,8 +148,11 @@ class InfiniteBackend:
                 p = RevealedByProbe(p, probe_tokens, max_response_length)
             return p
 
-        self.orders = [VLLMRequestOrder(ordering, predictor_of_replica()) for _ in range(replicas)]
+        self.orders = [VLLMRequestOrder(ordering, predictor_of_replica(), room=engine_room(max_num_seqs))
+                       for _ in range(replicas)]
         self._requests: dict[str, object] = {}  # request id -> its OrderedRequest, until it finishes
+        self._routed: list[dict[str, object]] = [{} for _ in range(replicas)]  # this step's, by replica
+        self._learned_beside: set[int] = set()  # replicas whose order came back from the worker, learned
         if router not in ROUTERS:
             raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
         self.router_name = router
@@ -171,9 +179,23 @@ class InfiniteBackend:
             placed = asyncio.run(self._acquire_all(arrivals))
         sizes = Counter(s.prompt_id for s in arrivals)
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
+        self._routed = [{} for _ in range(self.replicas)]
+        self._learned_beside.clear()
         for s, replica in zip(arrivals, placed):
             out[replica].append(self._request(self.orders[replica], s, sizes[s.prompt_id]))
+            self._routed[replica][s.request_id] = self._requests[s.request_id]
         return out
+
+    def held_rests(self, replica: int):
+        """What the worker replaying ``replica`` needs to hold its probes' rests as its server does: the replica's
+        order and this step's requests in it (by request id); None where nothing is probed."""
+        order = self.orders[replica]
+        return (order, self._routed[replica]) if self.holds_rests and order.probe_tokens else None
+
+    def adopt(self, replica: int, order) -> None:
+        """``replica``'s order as it came back from the worker, having learned the step's samples there."""
+        self.orders[replica] = order
+        self._learned_beside.add(replica)
 
     def _request(self, order, s: StepSample, group_size: int) -> ReplayRequest:
         """``s`` as its replica's server sends it to vLLM: whole, or its probe with its rest at the priority the probe
@@ -207,7 +229,10 @@ class InfiniteBackend:
         for replica, done in enumerate(finished):
             lengths = []
             for s, length in done:
-                lengths.append((self.orders[replica].finished(self._requests.pop(s.request_id), length), length))
+                request = self._requests.pop(s.request_id)
+                if replica not in self._learned_beside:
+                    self.orders[replica].finished(request, length)
+                lengths.append((prompt_key(s.prompt_tokens), length))
                 self.router.release_server(f"replica{replica}", s.request_id)
             self.router.observe_lengths(lengths)
 
@@ -217,6 +242,7 @@ class LateBindingBackend(InfiniteBackend):
     is the step's queue, which the replicas draw from (``late_binding``), so no router is asked."""
 
     late_binding = True
+    holds_rests = False
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
                  probe_tokens: int = 0):
@@ -244,6 +270,7 @@ class KVGatedBackend(InfiniteBackend):
     KV-peak gate (``kv_gated``)."""
 
     kv_gated = True
+    holds_rests = False
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
                  router: str = "group_affinity", probe_tokens: int = 0):
@@ -258,6 +285,7 @@ class TransformersBackend(InfiniteBackend):
 
     engine = "transformers"
     scheduling_policy = "-"
+    holds_rests = False
 
     def __init__(self, replicas: int, predictor: str, max_response_length: int, seed: int = 0):
         super().__init__(replicas, predictor, max_response_length, seed=seed)
@@ -274,12 +302,12 @@ class TransformersBackend(InfiniteBackend):
 
 
 def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
-                 router: str = "group_affinity", probe_tokens: int = 0):
+                 router: str = "group_affinity", probe_tokens: int = 0, max_num_seqs: int = 256):
     if name == "vllm":
         return VerlVLLMBackend(replicas, seed)
     if name in ("infinite", "oracle"):
         return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
-                               router=router, probe_tokens=probe_tokens)
+                               router=router, probe_tokens=probe_tokens, max_num_seqs=max_num_seqs)
     if name == "infinite-late":
         return LateBindingBackend(replicas, predictor, max_response_length, seed=seed, probe_tokens=probe_tokens)
     if name == "infinite-gated":

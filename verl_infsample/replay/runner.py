@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.trace import OPENING_TOKENS, TracePrompt, rollout_steps
 from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
+from .held_rests import replay_held
 from .kv_gated import replay_gated
 from .late_binding import replay_late_bound
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
@@ -127,25 +128,30 @@ class StepRow:
 LATE = -1  # a job's replica index when it runs every replica of a late-binding backend
 
 
-def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult]]:
+def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult], object]:
     """A worker process's job: one replica of one backend (its index and replica index travel with it), or (replica
-    ``LATE``) every replica of a late-binding backend side by side, from the step's queue."""
-    key, replica, config, policy, gated, requests = job
+    ``LATE``) every replica of a late-binding backend side by side, from the step's queue. With ``held`` (the
+    replica's order and its requests in it: ``InfiniteBackend.held_rests``) the probes' rests wait in that order,
+    which comes back, having learned the step, as the last item."""
+    key, replica, config, policy, gated, held, requests = job
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                          max_model_len=_max_model_len(requests), scheduling_policy=policy)
 
-    def replica_replay():
+    def replica_replay(rests_held: bool = False):
         return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
-                             keep_timeline=config.keep_timeline, rests_held=gated)
+                             keep_timeline=config.keep_timeline, rests_held=rests_held)
 
     if replica == LATE:
         return key, replica, replay_late_bound([replica_replay() for _ in range(config.replicas)], requests,
-                                               config.late_room)
+                                               config.late_room), None
     if gated:
-        return key, replica, replay_gated(replica_replay(), requests)
-    return key, replica, replica_replay().run(requests)
+        return key, replica, replay_gated(replica_replay(rests_held=True), requests), None
+    if held is not None:
+        order, ordered = held
+        return key, replica, replay_held(replica_replay(rests_held=True), requests, order, ordered), order
+    return key, replica, replica_replay().run(requests), None
 
 
 _POOL: dict[tuple[int, str], multiprocessing.pool.Pool] = {}  # the one pool kept, by (processes, vLLM log level)
@@ -209,7 +215,7 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     _check_pool(trace, config, cap)
     _check_openings(trace, config, cap)
     backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
-                             config.probe_tokens) for b in config.backends]
+                             config.probe_tokens, config.max_num_seqs) for b in config.backends]
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
     try:
         return _replay_steps(trace, config, backends, pool, cap, progress)
@@ -241,19 +247,22 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         samples = step_samples(prompts, step_index, cap, model.vocab)
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
         routed = [b.route(arrivals) for b in backends]
-        jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated, reqs)
+        jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated,
+                 b.held_rests(r), reqs)
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]
         on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
         on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
         results: dict[tuple[int, int], ReplicaResult] = {}
         replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
-        for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
+        for key, replica, _, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
             if backends[key].engine == "transformers":
                 results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
                 if progress is not None:
                     progress(1)
-        for key, replica, res in replayed:
+        for key, replica, res, order in replayed:
+            if order is not None:
+                backends[key].adopt(replica, order)
             for r, one in (enumerate(res) if replica == LATE else [(replica, res)]):
                 results[(key, r)] = one
                 if progress is not None:

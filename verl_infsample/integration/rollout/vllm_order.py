@@ -10,16 +10,35 @@ a sample's tokens (``learned``), the sample first runs as a *probe* of ``probe_t
 planned request; its opening then gives the sample a prediction of its own (:meth:`VLLMRequestOrder.after_probe`),
 and the rest of it runs at that prediction's place in the plan. Elsewhere a request runs whole at its group's
 prediction.
+
+A rest does not wait inside vLLM, where its priority would be fixed when it is sent: it is *held* here
+(:meth:`VLLMRequestOrder.hold`) and *released* (:meth:`VLLMRequestOrder.release`) when vLLM has room, that is while
+fewer than ``room`` requests are inside it (its running batch and a small buffer: :func:`engine_room`), the held rest
+ranked first by the predictions as they stand at that moment: a sibling that finished, or a regressor re-fit on the
+step's first samples, re-ranks what is still held. The server counts what it sends into vLLM (:meth:`enter`,
+:meth:`leave`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+import math
+from dataclasses import dataclass, field
 
 from ...core.predictor import LengthPredictor
 from ...core.priority import StepPriorities
 from ...core.sample import Group, Sample, prompt_key
 from ...predict.features import TokenWindow
+
+REST_BUFFER = 0.25  # requests waiting inside vLLM beyond its running batch, a share of max_num_seqs
+
+
+def engine_room(max_num_seqs: int) -> int:
+    """Requests let inside a vLLM engine of ``max_num_seqs`` at once: its batch, and a buffer so that a slot freed
+    between the server's releases is refilled without waiting for it."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    return max_num_seqs + math.ceil(REST_BUFFER * max_num_seqs)
 
 
 @dataclass
@@ -31,21 +50,33 @@ class OrderedRequest:
     priority: int
     caller: int
     probe: bool  # it runs as a probe first (``probe_tokens``), then its rest at ``after_probe``'s priority
+    held: int = field(default=-1, compare=False)  # its number among held rests while its rest is held, else -1
 
 
 class VLLMRequestOrder:
     """Priorities from ``ordering`` (``core.priority``) over the lengths ``predictor`` predicts; finished lengths go
     back to the predictor."""
 
-    def __init__(self, ordering: str, predictor: LengthPredictor, probe_tokens: int | None = None):
+    def __init__(self, ordering: str, predictor: LengthPredictor, probe_tokens: int | None = None,
+                 room: int = engine_room(256)):
         """``probe_tokens``: the probe's length; None: the predictor's last token checkpoint where it reads tokens,
-        else no probe."""
+        else no probe. ``room``: the requests vLLM holds before rests wait here (:func:`engine_room`)."""
         self.priorities = StepPriorities(ordering)
         self.predictor = predictor
         if probe_tokens is None:
             probe_tokens = max(predictor.token_checkpoints or {0}) if predictor.reads_tokens else 0
         self.probe_tokens = int(probe_tokens)
+        if room < 1:
+            raise ValueError(f"room must be >= 1 request inside vLLM, got {room}")
+        self.room = int(room)
+        self.in_engine = 0  # requests sent into vLLM and not yet back
         self._arrived: dict[str, int] = {}  # prompt key -> samples arrived this step
+        self._held: dict[int, OrderedRequest] = {}  # held rests by their number
+        self._held_groups: dict[str, set[int]] = {}  # prompt key -> its held rests' numbers
+        self._queue: list[tuple[int, int]] = []  # (priority, number) of held rests; stale entries skipped
+        self._next_number = 0
+        self._moved: set[str] = set()  # groups with a finished sample since the last release
+        self._revision = predictor.revision()
 
     def arrive(self, prompt_ids, caller: int = 0, group_size: int = 1, uid: int | None = None,
                true_len: int | None = None, max_tokens: int | None = None, may_probe: bool = True) -> OrderedRequest:
@@ -81,10 +112,94 @@ class VLLMRequestOrder:
     def finished(self, request: OrderedRequest, length: int) -> str:
         """``request`` completed with ``length`` tokens; returns its prompt's key."""
         self.predictor.observe(request.group, request.sample, length)
+        self._moved.add(request.group.prompt_id)
         return request.group.prompt_id
+
+    # --- what is inside vLLM, and the rests held until it has room ----------------------------------------------
+    def enter(self) -> None:
+        """A request (a probe, or a sample whole) goes into vLLM."""
+        self.in_engine += 1
+
+    def leave(self) -> None:
+        """A request came back from vLLM (finished, aborted or failed)."""
+        self.in_engine -= 1
+
+    def hold(self, request: OrderedRequest) -> None:
+        """``request``'s probe ended (:meth:`after_probe`) and its sample goes on: its rest waits for
+        :meth:`release`."""
+        request.held, self._next_number = self._next_number, self._next_number + 1
+        self._held[request.held] = request
+        self._held_groups.setdefault(request.group.prompt_id, set()).add(request.held)
+        heapq.heappush(self._queue, (request.priority, request.held))
+
+    @property
+    def held(self) -> int:
+        """Rests held now."""
+        return len(self._held)
+
+    def release(self) -> list[OrderedRequest]:
+        """The held rests that go into vLLM now (each counted in), while fewer than ``room`` requests are inside
+        it: first in the plan's order by the predictions as they stand now. Re-predicted here: the held rests of
+        every group with a sample finished since the last release, and all of them when the predictor's
+        ``revision`` moved."""
+        out: list[OrderedRequest] = []
+        if not self._held or self.in_engine >= self.room:
+            return out
+        if (revision := self.predictor.revision()) != self._revision:
+            self._revision = revision
+            self._queue = []
+            self._rerank(self._held.values(), every=True)
+        else:
+            for key in self._moved & self._held_groups.keys():
+                self._rerank([self._held[n] for n in self._held_groups[key]])
+        self._moved.clear()
+        while self._queue and self.in_engine < self.room:
+            priority, number = heapq.heappop(self._queue)
+            request = self._held.get(number)
+            if request is None or request.priority != priority:
+                continue  # re-ranked since (its current entry is further down the queue)
+            self._unhold(request)
+            out.append(request)
+            self.in_engine += 1
+        return out
+
+    def drop_held(self) -> list[OrderedRequest]:
+        """Every held rest, taken out unreleased (an abort: each sample returns its probe's tokens)."""
+        out = [self._held[n] for n in sorted(self._held)]
+        for r in out:
+            self._unhold(r)
+        self._queue.clear()
+        return out
+
+    def withdraw(self, request: OrderedRequest) -> OrderedRequest | None:
+        """``request``'s rest no longer waits (its caller went away): taken out if still held (returned), else
+        None."""
+        if request.held < 0:
+            return None
+        self._unhold(request)
+        return request
+
+    def _unhold(self, request: OrderedRequest) -> None:
+        del self._held[request.held]
+        group = self._held_groups[request.group.prompt_id]
+        group.discard(request.held)
+        if not group:
+            del self._held_groups[request.group.prompt_id]
+        request.held = -1
+
+    def _rerank(self, requests, every: bool = False) -> None:
+        """Re-predict ``requests`` and queue each whose place moved (``every``: each, into an emptied queue)."""
+        for r in list(requests):
+            self.predictor.refresh(r.group, r.sample)
+            r.sample.predicted_len = self.predictor.predict(r.group, r.sample)
+            priority = self.priorities.of(r.group.prompt_id, r.sample.predicted_len, caller=r.caller)
+            if every or priority != r.priority:
+                r.priority = priority
+                heapq.heappush(self._queue, (priority, r.held))
 
     def new_step(self) -> None:
         """A new rollout step (verl's weight sync): its groups are counted afresh."""
         self.priorities.new_step()
         self._arrived.clear()
+        self._moved.clear()
         self.predictor.start_batch(())

@@ -12,8 +12,11 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   batching refills freed slots in the plan's order and a group's samples share its prompt's cached blocks;
 - with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
   tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
-  runs at that prediction's place; verl gets one response. A request whose parameters a split would change runs
-  whole (counted in ``infsample/probe_skipped``);
+  waits in the server (``VLLMRequestOrder.hold``) until vLLM has room (its batch and a small buffer), then goes in
+  ranked by the predictions as they stand at that moment (siblings finished since, the step's first samples
+  learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
+  ``infsample/probe_skipped``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
+  each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
 - ``custom.slots`` is vLLM's ``max_num_seqs`` (samples decoded at once);
 - the step's figures (engine steps, preemptions, tokens computed, peak KV blocks, the engine's own wall time) come
   from vLLM's per-step stats (``vllm_stats``) for the ``infinite_sync`` trainer to log, and the lengths of finished
@@ -22,6 +25,7 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, deque
 
@@ -34,7 +38,7 @@ from ...predict.features import TokenWindow
 from ..settings import settings_from_rollout, vllm_ordering
 from . import probe, vllm_stats
 from .server import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
-from .vllm_order import OrderedRequest, VLLMRequestOrder
+from .vllm_order import OrderedRequest, VLLMRequestOrder, engine_room
 
 logger = logging.getLogger(__name__)
 vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
@@ -44,8 +48,11 @@ class InfiniteVLLMServer(vLLMHttpServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = settings_from_rollout(self.config)
+        max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
-                                      make_predictor(self.settings.predictor, max_len=int(self.config.response_length)))
+                                      make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
+                                      room=engine_room(max_num_seqs * int(self.config.data_parallel_size or 1)))
+        self._turns: dict[int, asyncio.Future] = {}  # id of a held request -> its turn (True: released)
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
         self._group_size = int(self.config.n or 1)  # GRPO's rollout.n: the samples a prompt's group expects
         self._counts: Counter[str] = Counter()  # probes this step, for infsample/*
@@ -80,15 +87,28 @@ class InfiniteVLLMServer(vLLMHttpServer):
                                    "change what it means (counted in infsample/probe_skipped)", refusal)
         request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
                                     may_probe=refusal is None)
-        if request.probe:
-            output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
-        else:
-            output = await super().generate(prompt_ids, sampling_params, request_id, *args, priority=request.priority,
-                                            **kwargs)
-        if output.stop_reason == "completed":
-            length = len(output.token_ids)
-            self._finished_lengths.append((self.order.finished(request, length), length))
-        return output
+        try:
+            if request.probe:
+                output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
+            else:
+                output = await self._engine_generate(prompt_ids, sampling_params, request_id, *args,
+                                                     priority=request.priority, **kwargs)
+            if output.stop_reason == "completed":
+                length = len(output.token_ids)
+                self._finished_lengths.append((self.order.finished(request, length), length))
+            return output
+        finally:
+            self._release_rests()  # what it freed (and taught) goes to the held rests
+
+    async def _engine_generate(self, *args, released: bool = False, **kwargs):
+        """verl's ``generate``: one request into vLLM, counted inside it until it returns (``released``: a held rest,
+        counted by the order when it released it)."""
+        if not released:
+            self.order.enter()
+        try:
+            return await super().generate(*args, **kwargs)
+        finally:
+            self.order.leave()
 
     async def _generate_probed(self, request: OrderedRequest, prompt_ids, sampling_params, request_id, total: int,
                                kwargs: dict):
@@ -99,7 +119,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         probe_id = f"{request_id}-probe"
         self._probe_ids.add(probe_id)
         try:
-            head = await super().generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)
+            head = await self._engine_generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)
         finally:
             self._probe_ids.discard(probe_id)
         self._counts["probes"] += 1
@@ -107,10 +127,43 @@ class InfiniteVLLMServer(vLLMHttpServer):
         if head.stop_reason != "completed" or reason != "length" or len(head.token_ids) < k:
             return head  # the sample ended within its probe (or was aborted: verl resumes it from its tokens)
         self._counts["probe_continuations"] += 1
-        priority = self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
-        rest = await super().generate(list(prompt_ids) + list(head.token_ids), rest_params, request_id,
-                                      priority=priority, **kwargs)
+        self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
+        if not await self._turn(request):  # aborted while held: verl resumes it from the probe's tokens
+            self._counts["held_aborted"] += 1
+            return head.model_copy(update={"stop_reason": "aborted"})
+        rest = await self._engine_generate(list(prompt_ids) + list(head.token_ids), rest_params, request_id,
+                                           priority=request.priority, released=True, **kwargs)
         return probe.join(head, rest)
+
+    async def _turn(self, request: OrderedRequest) -> bool:
+        """Hold ``request``'s rest until the order releases it (True), or an abort drops it (False)."""
+        self.order.hold(request)
+        turn = self._turns[id(request)] = asyncio.get_running_loop().create_future()
+        self._release_rests()
+        if not turn.done():
+            self._counts["rests_held"] += 1  # vLLM was full: it waits here, to be ranked when it has room
+        try:
+            return await turn
+        except asyncio.CancelledError:  # its caller went away: it no longer waits, or no longer runs
+            self._turns.pop(id(request), None)
+            if self.order.withdraw(request) is None and turn.done() and not turn.cancelled() and turn.result():
+                self.order.leave()  # released, never sent
+            raise
+
+    def _release_rests(self) -> None:
+        """The held rests the order releases now go into vLLM."""
+        for request in self.order.release():
+            turn = self._turns.pop(id(request))
+            if not turn.done():
+                turn.set_result(True)
+
+    async def abort_all_requests(self, *args, **kwargs):
+        """verl's abort, and every held rest answered "aborted" with its probe's tokens (verl resumes it)."""
+        for request in self.order.drop_held():
+            turn = self._turns.pop(id(request), None)
+            if turn is not None and not turn.done():
+                turn.set_result(False)
+        return await super().abort_all_requests(*args, **kwargs)
 
     def _max_tokens(self, prompt_ids, sampling_params) -> int:
         """The response budget verl's ``generate`` gives this request (its ``max_tokens``, else the rollout's)."""
