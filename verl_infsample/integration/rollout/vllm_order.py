@@ -13,7 +13,7 @@ prediction.
 
 A rest does not wait inside vLLM, where its priority would be fixed when it is sent: it is *held* here
 (:meth:`VLLMRequestOrder.hold`) and *released* (:meth:`VLLMRequestOrder.release`) when vLLM has room, that is while
-fewer than ``room`` requests are inside it (its running batch and a small buffer: :func:`engine_room`), the held rest
+fewer than ``room`` requests are inside it (its running batch and as many waiting: :func:`engine_room`), the held rest
 ranked first by the predictions as they stand at that moment: a sibling that finished, or a regressor re-fit on the
 step's first samples, re-ranks what is still held. The server counts what it sends into vLLM (:meth:`enter`,
 :meth:`leave`).
@@ -30,12 +30,14 @@ from ...core.priority import StepPriorities
 from ...core.sample import Group, Sample, prompt_key
 from ...predict.features import TokenWindow
 
-REST_BUFFER = 0.25  # requests waiting inside vLLM beyond its running batch, a share of max_num_seqs
+REST_BUFFER = 1.0  # requests let wait inside vLLM beyond its running batch, a share of max_num_seqs
 
 
 def engine_room(max_num_seqs: int) -> int:
-    """Requests let inside a vLLM engine of ``max_num_seqs`` at once: its batch, and a buffer so that a slot freed
-    between the server's releases is refilled without waiting for it."""
+    """Requests let inside a vLLM engine of ``max_num_seqs`` at once: its batch, and as many again waiting, so that
+    the slots vLLM frees while the server hears of it and sends the next rests are refilled from what waits inside
+    (on a small model a round trip through the server lasts several engine steps; in the replay, which has none,
+    the buffer's size changed nothing beyond noise)."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     return max_num_seqs + math.ceil(REST_BUFFER * max_num_seqs)

@@ -12,7 +12,7 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   batching refills freed slots in the plan's order and a group's samples share its prompt's cached blocks;
 - with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
   tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
-  waits in the server (``VLLMRequestOrder.hold``) until vLLM has room (its batch and a small buffer), then goes in
+  waits in the server (``VLLMRequestOrder.hold``) until vLLM has room (its batch and as many waiting), then goes in
   ranked by the predictions as they stand at that moment (siblings finished since, the step's first samples
   learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
   ``infsample/probe_skipped``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
