@@ -47,6 +47,11 @@ vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: 
 class InfiniteVLLMServer(vLLMHttpServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._init_scheduling()
+
+    def _init_scheduling(self) -> None:
+        """What this server keeps beside verl's (from ``self.config``): the plan's order, the rests it holds, the
+        step's figures."""
         self.settings = settings_from_rollout(self.config)
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),

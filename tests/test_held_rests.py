@@ -1,0 +1,132 @@
+"""The server's hold on probes' rests (``InfiniteVLLMServer``: ``_turn``, ``_release_rests``, ``abort_all_requests``)
+with its asyncio gate, in front of a stand-in for vLLM (``VLLMStandIn``: verl's ``generate`` answers a request when
+the test lets it; the real vLLM runs behind this code in the tool-agent GRPO tests, whose aborts land where they
+happen to). Here every case is placed: rests held while vLLM is full, released in the plan's order as requests come
+back, an abort that answers each held rest with its probe's tokens, a caller that goes away."""
+
+import asyncio
+
+import pytest
+
+from test_verl_rollout import compose
+
+
+class VLLMStandIn:
+    """Stands in for vLLM behind verl's ``vLLMHttpServer.generate``: each request waits until ``finish`` lets it
+    end, then returns ``max_tokens`` tokens ("length" for a probe, as vLLM reports one it cut); ``abort`` ends every
+    waiting one "aborted" with no tokens."""
+
+    def __init__(self):
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.sent: list[str] = []
+
+    async def generate(self, server, prompt_ids, sampling_params, request_id, *args, priority=0, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.sent.append(request_id)
+        done = self.waiting[request_id] = asyncio.get_running_loop().create_future()
+        if not await done:
+            return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted")
+        n = int(sampling_params["max_tokens"])
+        if request_id.endswith("-probe"):
+            server._finish_reasons[request_id] = "length"
+        return TokenOutput(token_ids=[len(prompt_ids) % 50 + 1] * n, log_probs=[-0.5] * n, stop_reason="completed")
+
+    async def finish(self, request_id: str) -> None:
+        self.waiting.pop(request_id).set_result(True)
+        for _ in range(5):  # let the server hear of it and act
+            await asyncio.sleep(0)
+
+    async def abort(self, server, *args, **kwargs):
+        for done in self.waiting.values():
+            done.set_result(False)
+        self.waiting.clear()
+        return {"aborted_count": 0}
+
+
+@pytest.fixture
+def server(monkeypatch, tiny_model_dir):
+    """An ``InfiniteVLLMServer`` with verl's config (2 slots: 4 requests inside vLLM at most, learned:k=4 probes),
+    verl's ``generate`` and ``abort_all_requests`` answered by the stand-in."""
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    from verl_infsample.integration.rollout.vllm_server import InfiniteVLLMServer
+
+    cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.custom.engine=vllm",
+                  "actor_rollout_ref.rollout.custom.slots=2", "actor_rollout_ref.rollout.n=6",
+                  "actor_rollout_ref.rollout.custom.predictor='learned:k=4'",
+                  "actor_rollout_ref.rollout.max_model_len=512", "trainer.device=cpu")
+    vllm = VLLMStandIn()
+    monkeypatch.setattr(vLLMHttpServer, "generate", lambda self, *a, **kw: vllm.generate(self, *a, **kw))
+    monkeypatch.setattr(vLLMHttpServer, "abort_all_requests", lambda self, *a, **kw: vllm.abort(self, *a, **kw))
+    s = object.__new__(InfiniteVLLMServer)
+    s.config = s._init_config(cfg.actor_rollout_ref.rollout)
+    s._pd_decode_peers = []
+    s.engine = type("Engine", (), {"generate": None})()
+    s._init_scheduling()
+    s.vllm = vllm
+    return s
+
+
+def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
+    async def scenario():
+        vllm, order = server.vllm, server.order
+        assert order.room == 4 and order.probe_tokens == 4
+        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
+        await asyncio.sleep(0)
+        assert sorted(vllm.sent) == sorted(f"r{i}-probe" for i in range(6)) and order.in_engine == 6
+        for i in range(3):  # three probes end: vLLM holds 5, 4, then 3 requests
+            await vllm.finish(f"r{i}-probe")
+        assert order.held == 2 and [r for r in vllm.sent if not r.endswith("-probe")] == ["r0"]
+        assert order.in_engine == 4  # the three probes left, and r0's rest went in
+        await vllm.finish("r3-probe")  # room for one more: one held rest goes in, another is held
+        assert order.held == 2 and order.in_engine == 4
+        for rid in ("r0", "r4-probe", "r5-probe"):
+            await vllm.finish(rid)
+        while vllm.waiting:
+            await vllm.finish(next(iter(vllm.waiting)))
+        outs = await asyncio.gather(*calls)
+        assert order.held == 0 and order.in_engine == 0
+        assert all(o.stop_reason == "completed" and len(o.token_ids) == 12 == len(o.log_probs) for o in outs)
+        assert server._counts["rests_held"] >= 2 and server._counts["probe_continuations"] == 6
+
+    asyncio.run(scenario())
+
+
+def test_an_abort_answers_each_held_rest_with_its_probes_tokens(server):
+    """verl's abort (weight sync, colocate_async): a held rest never reaches vLLM; its sample comes back "aborted"
+    with the probe's 4 tokens, which verl resumes; what vLLM held comes back aborted as vLLM returns it."""
+    async def scenario():
+        vllm, order = server.vllm, server.order
+        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
+        await asyncio.sleep(0)
+        for i in range(3):
+            await vllm.finish(f"r{i}-probe")
+        held = order.held
+        await server.abort_all_requests()
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 5)
+        assert held == 2 and order.held == 0 and order.in_engine == 0
+        assert [o.stop_reason for o in outs] == ["aborted"] * 6
+        assert sorted(len(o.token_ids) for o in outs) == [0, 0, 0, 4, 4, 4]  # r0: its probe, its rest in vLLM
+        assert server._counts["held_aborted"] == 2
+        assert not [r for r in vllm.sent if r in ("r1", "r2")]  # the held ones never reached vLLM
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_that_goes_away_while_its_rest_is_held_leaves_nothing_behind(server):
+    async def scenario():
+        vllm, order = server.vllm, server.order
+        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
+        await asyncio.sleep(0)
+        await vllm.finish("r0-probe")
+        assert order.held == 1
+        calls[0].cancel()
+        await asyncio.sleep(0)
+        assert order.held == 0 and order.in_engine == 5 and not server._turns
+        while vllm.waiting:
+            await vllm.finish(next(iter(vllm.waiting)))
+        outs = await asyncio.gather(*calls[1:])
+        assert all(len(o.token_ids) == 12 for o in outs) and order.in_engine == 0 and "r0" not in vllm.sent
+
+    asyncio.run(scenario())
