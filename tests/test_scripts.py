@@ -234,3 +234,12 @@ def test_the_predictor_figures_script_at_tiny_sizes(tmp_path):
     (record,) = [json.loads(line) for line in (tmp_path / "modes.jsonl").read_text().splitlines()]
     assert record["decode_steps"]["oracle"] <= record["decode_steps"]["learned"]
     assert -1 <= record["kendall_tau"] <= 1
+
+
+def test_the_held_rests_benchmark_releases_every_held_rest_once(capsys):
+    """scripts/bench_held_rests.py (the re-ranking cost docs/vllm.md quotes) at tiny sizes: every held rest is
+    released exactly once, one a finished sample, and each release's time is reported."""
+    _script("bench_held_rests").main(["--groups", "3", "--n", "5", "--probe-tokens", "4", "--max-len", "64"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["held"] == out["released"] == 15 and out["releases"] == 15
+    assert 0 <= out["release_ms_median"] <= out["release_ms_max"] <= out["release_ms_total"]
