@@ -152,3 +152,61 @@ def test_an_abort_answers_every_held_rest_and_a_withdrawn_rest_is_never_released
     assert order.drop_held() == [a, c] and order.held == 0
     order.leave()
     assert order.release() == [] and order.in_engine == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_held_rests_in_any_order_of_events_each_go_in_once_and_the_room_holds(seed):
+    """Random interleavings of what a server does (requests arrive and go in, come back, finish; rests are held,
+    released, withdrawn, dropped by an abort; steps begin): every held rest leaves the order exactly once, released
+    ones only while fewer than ``room`` requests are inside vLLM, in the plan's order at that moment."""
+    import random
+
+    rng = random.Random(seed)
+    order = VLLMRequestOrder("longest_first", make_predictor("learned:k=2,min=3", max_len=64), room=rng.randint(1, 6))
+    prompts = [[p, p + 1, p + 2] for p in range(1, 6)]
+    inside: list = []  # requests in vLLM: probes (False) or released rests (True), with their OrderedRequest
+    held: dict[int, object] = {}  # serial -> a held rest
+    left: list[int] = []  # serials of rests that left the order (released, withdrawn, dropped)
+    serial = {}  # id -> serial of every request made (each kept alive in ``made``)
+    made = []
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.3:
+            r = order.arrive(rng.choice(prompts), group_size=4, max_tokens=64)
+            serial[id(r)] = len(made)
+            made.append(r)
+            order.enter()
+            inside.append((False, r))
+        elif op < 0.6 and inside:
+            is_rest, r = inside.pop(rng.randrange(len(inside)))
+            order.leave()
+            if is_rest or rng.random() < 0.3:  # a rest, or a probe that ended its sample, finished
+                order.finished(r, rng.randint(3, 64))
+            else:
+                order.after_probe(r, TokenWindow([rng.randint(0, 9), rng.randint(0, 9)]))
+                order.hold(r)
+                held[serial[id(r)]] = r
+        elif op < 0.85:
+            room = order.room - order.in_engine
+            out = order.release()
+            assert len(out) <= max(0, room)
+            assert not order.held or order.in_engine >= order.room  # no room left open while rests wait
+            assert [r.priority for r in out] == sorted(r.priority for r in out)
+            for r in out:
+                assert r.held == -1 and held.pop(serial[id(r)]) is r
+                left.append(serial[id(r)])
+                inside.append((True, r))
+            if out and held:  # the best went first
+                assert max(r.priority for r in out) <= min(h.priority for h in held.values())
+        elif op < 0.92 and held:
+            r = held.pop(rng.choice(sorted(held)))
+            assert order.withdraw(r) is r and order.withdraw(r) is None
+            left.append(serial[id(r)])
+        elif op < 0.97:
+            for r in order.drop_held():
+                assert held.pop(serial[id(r)]) is r
+                left.append(serial[id(r)])
+        else:
+            order.new_step()
+        assert order.in_engine == len(inside) >= 0 and order.held == len(held)
+    assert len(left) == len(set(left)) and len(left) > 20  # none left twice; the events did reach every path
