@@ -35,18 +35,20 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
             it.iteration_timestamp = 100.0 + step
             it.num_preempted_reqs, it.num_generation_tokens = preempted, generated
             it.prompt_token_stats.computed = prefilled
-            logger.record(SchedulerStats(kv_cache_usage=usage), it)
-        logger.record(SchedulerStats(kv_cache_usage=0.9), None)  # no output: the engine was idle, not a step
+            logger.record(SchedulerStats(kv_cache_usage=usage, num_running_reqs=4 - step), it)
+        logger.record(SchedulerStats(kv_cache_usage=0.9, num_running_reqs=7), None)  # no output: idle, not a step
         m = vllm_stats.pop_step_metrics()
         print(m["infsample/decode_steps"], m["infsample/preemptions"], m["infsample/tokens_computed"],
-              m["infsample/peak_kv_blocks"], m["infsample/kv_blocks"], m["infsample/wall_s"])
+              m["infsample/peak_kv_blocks"], m["infsample/kv_blocks"], m["infsample/wall_s"],
+              m["infsample/running_rows"])
         print(vllm_stats.pop_step_metrics()["infsample/decode_steps"])  # popped: the next step starts at zero
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = out.stdout.strip().splitlines()[-2:]
-    # 3 steps, 1 preemption, 9 generated + 48 prefilled, peak usage 0.9 of 200 blocks (seen while idle), 2 s
-    assert first.split() == ["3", "1", "57", "180", "200", "2.0"]
+    # 3 steps, 1 preemption, 9 generated + 48 prefilled, peak usage 0.9 of 200 blocks (seen while idle), 2 s, rows
+    # running 4 + 3 + 2 over the steps
+    assert first.split() == ["3", "1", "57", "180", "200", "2.0", "9"]
     assert second == "0"
 
 

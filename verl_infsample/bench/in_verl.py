@@ -81,6 +81,8 @@ class VerlBenchRow:
     # per training step (where a predictor that learns shows when it has learnt): engine steps and lower bound
     step_engine_steps: list[int] = field(default_factory=list)
     step_lower_bound_steps: list[int] = field(default_factory=list)
+    # rows vLLM ran a step, over the run (max_num_seqs at most): below it, slots stood idle or KV ran short
+    mean_running: float | None = None
 
 
 def add_bench_verl_parser(sub) -> None:
@@ -186,7 +188,9 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
                         lower_bound_steps=lower_bound,
                         steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None,
                         step_engine_steps=[int(m.get("infsample/decode_steps", 0.0)) for m in ordered],
-                        step_lower_bound_steps=bounds)
+                        step_lower_bound_steps=bounds,
+                        mean_running=round(total("running_rows") / total("decode_steps"), 2)
+                        if total("decode_steps") and total("running_rows") else None)
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:

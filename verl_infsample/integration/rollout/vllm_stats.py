@@ -35,6 +35,7 @@ def _logger_class():
 
         def _reset(self) -> None:
             self.steps = self.preemptions = self.generated = self.prefilled = self.cached = self.finished = 0
+            self.running = 0  # rows running, summed over the steps
             self.peak_usage = 0.0
             self.first_t = self.last_t = None
 
@@ -44,6 +45,8 @@ def _logger_class():
             if iteration_stats is None:
                 return
             self.steps += 1
+            if scheduler_stats is not None:
+                self.running += scheduler_stats.num_running_reqs
             self.preemptions += iteration_stats.num_preempted_reqs
             self.generated += iteration_stats.num_generation_tokens
             self.prefilled += iteration_stats.prompt_token_stats.computed
@@ -63,6 +66,7 @@ def _logger_class():
                    "infsample/total_tokens": self.generated, "infsample/cached_prompt_tokens": self.cached,
                    "infsample/peak_kv_blocks": round(self.peak_usage * blocks), "infsample/kv_blocks": blocks,
                    "infsample/kv_block_size": int(self.cache.block_size or 0),
+                   "infsample/running_rows": self.running,
                    "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0}
             self._reset()
             return out
