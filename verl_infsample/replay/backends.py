@@ -152,7 +152,6 @@ class InfiniteBackend:
                        for _ in range(replicas)]
         self._requests: dict[str, object] = {}  # request id -> its OrderedRequest, until it finishes
         self._routed: list[dict[str, object]] = [{} for _ in range(replicas)]  # this step's, by replica
-        self._learned_beside: set[int] = set()  # replicas whose order came back from the worker, learned
         if router not in ROUTERS:
             raise ValueError(f"unknown --router {router!r}; choose from: {', '.join(ROUTERS)}")
         self.router_name = router
@@ -180,7 +179,6 @@ class InfiniteBackend:
         sizes = Counter(s.prompt_id for s in arrivals)
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         self._routed = [{} for _ in range(self.replicas)]
-        self._learned_beside.clear()
         for s, replica in zip(arrivals, placed):
             out[replica].append(self._request(self.orders[replica], s, sizes[s.prompt_id]))
             self._routed[replica][s.request_id] = self._requests[s.request_id]
@@ -188,14 +186,14 @@ class InfiniteBackend:
 
     def held_rests(self, replica: int):
         """What the worker replaying ``replica`` needs to hold its probes' rests as its server does: the replica's
-        order and this step's requests in it (by request id); None where nothing is probed."""
+        order and this step's requests in it (by request id); None where nothing is probed. Where it is not None,
+        the worker's order learns the step's samples, and :meth:`adopt` brings it back."""
         order = self.orders[replica]
         return (order, self._routed[replica]) if self.holds_rests and order.probe_tokens else None
 
     def adopt(self, replica: int, order) -> None:
         """``replica``'s order as it came back from the worker, having learned the step's samples there."""
         self.orders[replica] = order
-        self._learned_beside.add(replica)
 
     def _request(self, order, s: StepSample, group_size: int) -> ReplayRequest:
         """``s`` as its replica's server sends it to vLLM: whole, or its probe with its rest at the priority the probe
@@ -230,7 +228,7 @@ class InfiniteBackend:
             lengths = []
             for s, length in done:
                 request = self._requests.pop(s.request_id)
-                if replica not in self._learned_beside:
+                if self.held_rests(replica) is None:  # else its order learned it beside the replica
                     self.orders[replica].finished(request, length)
                 lengths.append((prompt_key(s.prompt_tokens), length))
                 self.router.release_server(f"replica{replica}", s.request_id)

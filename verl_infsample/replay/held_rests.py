@@ -21,8 +21,8 @@ def replay_held(replay: ReplicaReplay, requests: list[ReplayRequest], order: VLL
     for r in requests:
         order.enter()
         replay.submit(r)
-    waiting: dict[str, tuple[ReplayRequest, int]] = {}  # sample id -> (its held rest, tokens its probe generated)
-    sample_of = {id(r): sample_id for sample_id, r in ordered.items()}
+    waiting: dict[int, tuple[ReplayRequest, str, int]] = {}  # id of a held OrderedRequest -> (its rest, its sample,
+    # the tokens its probe generated)
     submitted = True
     while replay.busy:
         done = len(res.finished)
@@ -36,15 +36,13 @@ def replay_held(replay: ReplicaReplay, requests: list[ReplayRequest], order: VLL
             order.finished(ordered[sample_id], length)
         for rest, sample_id, offset in replay.rests_ready:
             order.hold(ordered[sample_id])
-            waiting[sample_id] = (rest, offset)
+            waiting[id(ordered[sample_id])] = (rest, sample_id, offset)
         replay.rests_ready.clear()
         released = order.release()
         for request in released:
-            sample_id = sample_of[id(request)]
-            rest, offset = waiting.pop(sample_id)
+            rest, sample_id, offset = waiting.pop(id(request))
             replay.submit_rest(replace(rest, priority=request.priority), sample_id, offset)
         submitted = bool(released)
     if order.held or waiting:
         raise RuntimeError(f"held rests: {order.held} rests still held with vLLM empty")  # release() opens then
     return replay.end(res)
-

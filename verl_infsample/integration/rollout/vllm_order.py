@@ -191,7 +191,7 @@ class VLLMRequestOrder:
 
     def _rerank(self, requests, every: bool = False) -> None:
         """Re-predict ``requests`` and queue each whose place moved (``every``: each, into an emptied queue)."""
-        for r in list(requests):
+        for r in requests:
             self.predictor.refresh(r.group, r.sample)
             r.sample.predicted_len = self.predictor.predict(r.group, r.sample)
             priority = self.priorities.of(r.group.prompt_id, r.sample.predicted_len, caller=r.caller)
