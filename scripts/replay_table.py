@@ -84,7 +84,8 @@ def main(argv=None) -> int:
                          "model_s": r.model_s, "time_vs_vllm": round(r.model_s / v.model_s, 3),
                          "gap_closed": round((v.engine_steps - r.engine_steps) / gap, 2) if gap > 0 else None,
                          "preemptions": r.preemptions, "recomputed_tokens": r.recomputed_tokens,
-                         "probes": r.probes, "mean_running": r.mean_running, "replay_wall_s": round(wall, 1)})
+                         "probes": r.probes, "mean_running": r.mean_running, "order_vs_plan": r.order_vs_plan,
+                         "plan_checks": r.plan_checks, "replay_wall_s": round(wall, 1)})
         cell.sort(key=lambda r: r["visit"] != "first")
         rows += cell
         print(json.dumps(cell), file=sys.stderr, flush=True)

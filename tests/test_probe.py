@@ -107,6 +107,7 @@ def test_held_rests_go_into_vllm_only_as_it_has_room_in_the_plans_order():
     for r in requests:  # every probe is in vLLM: no rest may join them
         order.hold(r)
         assert order.release() == []
+    assert sorted(order.held_remaining()) == [10, 20, 30, 40, 50]  # what the replay plans them by
     for _ in requests:
         order.leave()
     first = order.release()

@@ -348,6 +348,7 @@ def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_pat
     rows, _ = replay(trace, ReplayConfig(**common, predictor="learned:k=1,min=8"))
     last = {r.backend: r for r in rows if r.step == 5}
     assert last["infinite"].probes == 32 and last["infinite"].samples == last["vllm"].samples == 32
+    assert last["infinite"].plan_checks > 0 and last["infinite"].order_vs_plan >= 1.0 and last["vllm"].plan_checks == 0
     # the long ones first: within the probes' few steps of the bound, where verl's order starts them last
     assert last["infinite"].engine_steps <= 1.05 * last["infinite"].lower_bound_steps < last["vllm"].engine_steps
     alike = [TracePrompt(p.prompt_id, p.prompt_len, p.lengths, p.prompt_tokens, step=p.step,
@@ -360,6 +361,21 @@ def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_pat
         replay(bare, ReplayConfig(**common, predictor="learned:k=1,min=8"))
     with pytest.raises(ValueError, match=r"its first 64 tokens\), and this trace has fewer"):  # it keeps 16
         replay(trace, ReplayConfig(**common, predictor="learned:k=64,min=8"))
+
+
+def test_the_held_order_is_checked_against_the_fptas_plan():
+    """``check_plan`` counts each check and keeps the worst ratio of longest first's planned makespan to the FPTAS
+    plan's: 7 against 6 where LPT is not optimal (3, 3 | 2, 2, 2 on two slots), 1 where it is."""
+    from verl_infsample.replay.held_rests import check_plan
+    from verl_infsample.replay.vllm_replica import ReplicaResult
+
+    res = ReplicaResult()
+    check_plan([4.0, 3.0, 3.0, 2.0], 2, res)  # LPT: 4+2 | 3+3, optimal
+    assert res.plan_checks == 1 and res.order_vs_plan == 1.0
+    check_plan([2.0, 3.0, 2.0, 3.0, 2.0], 2, res)
+    assert res.plan_checks == 2 and res.order_vs_plan == pytest.approx(7 / 6)
+    check_plan([5.0, 1.0], 2, res)  # one slot each: any order is the plan's
+    assert res.plan_checks == 3 and res.order_vs_plan == pytest.approx(7 / 6)
 
 
 def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():

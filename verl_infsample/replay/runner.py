@@ -118,6 +118,8 @@ class StepRow:
     probe_prefill_tokens: int  # the rests' prompt tokens not served from the prefix cache (in computed_tokens)
     peak_kv_blocks: int  # the fullest replica's
     kv_blocks: int  # per replica
+    plan_checks: int  # releases at which the held rests' longest-first order was checked against the FPTAS plan
+    order_vs_plan: float  # worst check: longest first's planned makespan over the plan's (1.0: the plan's own)
     mean_running: float  # rows per engine step, over replicas
     replica_steps: list[int]
 
@@ -294,6 +296,8 @@ def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_
         probes=sum(r.probes for r in per_replica),
         probe_prefill_tokens=sum(r.probe_prefill_tokens for r in per_replica),
         peak_kv_blocks=max(r.peak_kv_blocks for r in per_replica), kv_blocks=config.pool_blocks(),
+        plan_checks=sum(r.plan_checks for r in per_replica),
+        order_vs_plan=round(max(r.order_vs_plan for r in per_replica), 5),
         mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
         replica_steps=[r.engine_steps for r in per_replica])
 

@@ -73,6 +73,8 @@ class ReplicaResult:
     running_step_sum: int = 0  # sum over steps of the rows scheduled: mean_running = this / engine_steps
     probes: int = 0  # samples that ran as a probe and its rest
     probe_prefill_tokens: int = 0  # the rests' prompt tokens not served from the prefix cache: a probe's cost
+    plan_checks: int = 0  # releases at which the held rests' order was checked against the FPTAS plan
+    order_vs_plan: float = 1.0  # worst check: longest first's planned makespan over the FPTAS plan's
     finished: list[tuple[str, int]] = field(default_factory=list)  # (sample's request id, length) in finishing order
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (model_s at a step's start, rows running)
 

@@ -139,6 +139,10 @@ class VLLMRequestOrder:
         """Rests held now."""
         return len(self._held)
 
+    def held_remaining(self) -> list[float]:
+        """Each held rest's predicted tokens still to decode, as the predictions stand now."""
+        return [r.sample.remaining_predicted() for r in self._held.values()]
+
     def release(self) -> list[OrderedRequest]:
         """The held rests that go into vLLM now (each counted in), while fewer than ``room`` requests are inside
         it: first in the plan's order by the predictions as they stand now. Re-predicted here: the held rests of
