@@ -89,6 +89,7 @@ def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
         assert order.held == 0 and order.in_engine == 0
         assert all(o.stop_reason == "completed" and len(o.token_ids) == 12 == len(o.log_probs) for o in outs)
         assert server._counts["rests_held"] >= 2 and server._counts["probe_continuations"] == 6
+        assert server._counts["plan_ms"] > 0  # the order's time, for infsample/plan_ms
 
     asyncio.run(scenario())
 
@@ -128,5 +129,38 @@ def test_a_caller_that_goes_away_while_its_rest_is_held_leaves_nothing_behind(se
             await vllm.finish(next(iter(vllm.waiting)))
         outs = await asyncio.gather(*calls[1:])
         assert all(len(o.token_ids) == 12 for o in outs) and order.in_engine == 0 and "r0" not in vllm.sent
+
+    asyncio.run(scenario())
+
+
+def test_slots_vllm_left_free_while_rests_were_held_widen_the_room(server):
+    """vLLM's stats of a step (its real ``SchedulerStats``, as its front end records them through ``vllm_stats``)
+    with slots free and nothing waiting while rests are held: the server's count of what is inside vLLM ran ahead
+    of vLLM (a round trip not yet heard of), so the room widens by the free slots and held rests go in at once. A
+    step with requests waiting in vLLM, or none held here, changes nothing."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from verl_infsample.integration.rollout import vllm_stats
+
+    async def scenario():
+        vllm, order = server.vllm, server.order
+        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
+        await asyncio.sleep(0)
+        for i in range(3):
+            await vllm.finish(f"r{i}-probe")
+        assert order.held == 2 and order.room == 4 and order.in_engine == 4
+        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2))  # vLLM has work waiting
+        assert order.held == 2 and order.room == 4 and not server._counts["starved_steps"]
+        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0))  # one of 2 slots free
+        await asyncio.sleep(0)
+        assert order.room == 5 and order.held == 1 and server._counts["starved_steps"] == 1
+        assert sorted(r for r in vllm.sent if not r.endswith("-probe")) == ["r0", "r1"]
+        while vllm.waiting:
+            await vllm.finish(next(iter(vllm.waiting)))
+        outs = await asyncio.gather(*calls)
+        assert order.held == 0 and all(len(o.token_ids) == 12 for o in outs)
+        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=0, num_waiting_reqs=0))  # none held: no change
+        assert order.room == 5 and server._counts["starved_steps"] == 1
+        assert (await server.pop_step_metrics())["infsample/engine_room"] == 5
 
     asyncio.run(scenario())

@@ -143,6 +143,19 @@ def test_held_rests_are_ranked_at_release_by_what_the_step_has_taught_so_far():
     assert sum(r.sample.index % 2 for r in released[-8:]) == 0  # the last ones out are short
 
 
+def test_a_widened_room_lets_held_rests_in_and_bad_widths_are_refused():
+    order = VLLMRequestOrder("longest_first", make_predictor("noisy:0.0", max_len=64), probe_tokens=2, room=1)
+    requests = [order.arrive([1, 2], group_size=3, uid=u, true_len=n, max_tokens=64) for u, n in enumerate([9, 30, 20])]
+    order.enter()
+    for r in requests:
+        order.hold(r)
+    assert order.release() == []
+    order.widen(2)
+    assert [r.sample.true_len for r in order.release()] == [30, 20] and order.room == 3 and order.in_engine == 3
+    with pytest.raises(ValueError, match="widen by >= 1"):
+        order.widen(0)
+
+
 def test_an_abort_answers_every_held_rest_and_a_withdrawn_rest_is_never_released():
     order = VLLMRequestOrder("longest_first", make_predictor("learned:k=4,min=4", max_len=64), room=1)
     a, b, c = (_probed(order, [5, 6], [1, 2, 3, 4]) for _ in range(3))

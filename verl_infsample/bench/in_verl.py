@@ -83,6 +83,7 @@ class VerlBenchRow:
     step_lower_bound_steps: list[int] = field(default_factory=list)
     # rows vLLM ran a step, over the run (max_num_seqs at most): below it, slots stood idle or KV ran short
     mean_running: float | None = None
+    plan_ms: float = 0.0  # the server's time in the plan's order (infinite on vLLM), over the run
 
 
 def add_bench_verl_parser(sub) -> None:
@@ -190,7 +191,8 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
                         step_engine_steps=[int(m.get("infsample/decode_steps", 0.0)) for m in ordered],
                         step_lower_bound_steps=bounds,
                         mean_running=round(total("running_rows") / total("decode_steps"), 2)
-                        if total("decode_steps") and total("running_rows") else None)
+                        if total("decode_steps") and total("running_rows") else None,
+                        plan_ms=round(total("plan_ms"), 1))
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:

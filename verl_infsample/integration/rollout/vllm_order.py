@@ -126,6 +126,13 @@ class VLLMRequestOrder:
         """A request came back from vLLM (finished, aborted or failed)."""
         self.in_engine -= 1
 
+    def widen(self, by: int) -> None:
+        """vLLM ran a step ``by`` slots short with nothing waiting in it while rests were held here: the server's
+        round trip outlasts what waits inside vLLM, so ``by`` more requests may be inside it from now on."""
+        if by < 1:
+            raise ValueError(f"widen by >= 1 request, got {by}")
+        self.room += int(by)
+
     def hold(self, request: OrderedRequest) -> None:
         """``request``'s probe ended (:meth:`after_probe`) and its sample goes on: its rest waits for
         :meth:`release`."""

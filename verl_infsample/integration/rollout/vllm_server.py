@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, deque
+from contextlib import contextmanager
 
 import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
@@ -64,6 +66,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self._probe_ids: set[str] = set()
         self._refusals_logged: set[str] = set()
         self._finish_reasons: dict[str, str] = {}
+        self._engine_slots = max_num_seqs  # one engine's (one data-parallel rank's) max_num_seqs
+        vllm_stats.on_step(self._engine_step)
 
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
         super()._preprocess_engine_kwargs(engine_kwargs)
@@ -90,8 +94,9 @@ class InfiniteVLLMServer(vLLMHttpServer):
                     self._refusals_logged.add(refusal)
                     logger.warning("rollout.name=infinite: requests with %r run whole, not probed: a split would "
                                    "change what it means (counted in infsample/probe_skipped)", refusal)
-        request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
-                                    may_probe=refusal is None)
+        with self._planning():
+            request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
+                                        may_probe=refusal is None)
         try:
             if request.probe:
                 output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
@@ -100,7 +105,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
                                                      priority=request.priority, **kwargs)
             if output.stop_reason == "completed":
                 length = len(output.token_ids)
-                self._finished_lengths.append((self.order.finished(request, length), length))
+                with self._planning():
+                    self._finished_lengths.append((self.order.finished(request, length), length))
             return output
         finally:
             self._release_rests()  # what it freed (and taught) goes to the held rests
@@ -132,7 +138,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
         if head.stop_reason != "completed" or reason != "length" or len(head.token_ids) < k:
             return head  # the sample ended within its probe (or was aborted: verl resumes it from its tokens)
         self._counts["probe_continuations"] += 1
-        self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
+        with self._planning():
+            self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
         if not await self._turn(request):  # aborted while held: verl resumes it from the probe's tokens
             self._counts["held_aborted"] += 1
             return head.model_copy(update={"stop_reason": "aborted"})
@@ -142,7 +149,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     async def _turn(self, request: OrderedRequest) -> bool:
         """Hold ``request``'s rest until the order releases it (True), or an abort drops it (False)."""
-        self.order.hold(request)
+        with self._planning():
+            self.order.hold(request)
         turn = self._turns[id(request)] = asyncio.get_running_loop().create_future()
         self._release_rests()
         if not turn.done():
@@ -157,10 +165,33 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     def _release_rests(self) -> None:
         """The held rests the order releases now go into vLLM."""
-        for request in self.order.release():
+        with self._planning():
+            released = self.order.release()
+        for request in released:
             turn = self._turns.pop(id(request))
             if not turn.done():
                 turn.set_result(True)
+
+    def _engine_step(self, scheduler_stats) -> None:
+        """An engine step's stats (vLLM's front end records them on this event loop): slots stood free with nothing
+        waiting in vLLM while rests were held here, so the server's round trip outlasts what waits inside vLLM.
+        From now on that many more requests may be inside it (``VLLMRequestOrder.widen``), and the held rests that
+        now fit go in (``infsample/starved_steps`` counts such steps, ``infsample/engine_room`` says the room)."""
+        free = self._engine_slots - scheduler_stats.num_running_reqs
+        if free > 0 and scheduler_stats.num_waiting_reqs == 0 and self.order.held:
+            self._counts["starved_steps"] += 1
+            self.order.widen(free)
+            self._release_rests()
+
+    @contextmanager
+    def _planning(self):
+        """Time spent in the plan's order (predictions, ranking, the held rests), counted in ``infsample/plan_ms``:
+        the server's event loop feeds vLLM nothing meanwhile."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._counts["plan_ms"] += (time.perf_counter() - start) * 1e3
 
     async def abort_all_requests(self, *args, **kwargs):
         """verl's abort, and every held rest answered "aborted" with its probe's tokens (verl resumes it)."""
@@ -218,6 +249,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         if metrics and "infsample/samples" in metrics:
             metrics["infsample/samples"] -= counts["probe_continuations"]
         metrics.update({f"infsample/{k}": v for k, v in counts.items()})
+        metrics["infsample/engine_room"] = self.order.room
         return metrics
 
 

@@ -13,11 +13,31 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
+from typing import Callable
 
 STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
+_step_listeners: list[weakref.WeakMethod] = []  # bound methods told each engine step's scheduler stats
+
+
+def on_step(listener: Callable) -> None:
+    """Call ``listener(scheduler_stats)`` (vLLM's ``SchedulerStats``) after every engine step of this process, on
+    the event loop of its ``AsyncLLM`` (its output handler records the stats there). Held weakly: a bound method
+    of an object gone is dropped."""
+    with _lock:
+        _step_listeners.append(weakref.WeakMethod(listener))
+
+
+def _tell_listeners(scheduler_stats) -> None:
+    with _lock:
+        listeners = [ref() for ref in _step_listeners]
+        _step_listeners[:] = [ref for ref, fn in zip(_step_listeners, listeners) if fn is not None]
+    for fn in listeners:
+        if fn is not None:
+            fn(scheduler_stats)
 
 
 def _logger_class():
@@ -42,6 +62,7 @@ def _logger_class():
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 self.peak_usage = max(self.peak_usage, scheduler_stats.kv_cache_usage)
+                _tell_listeners(scheduler_stats)
             if iteration_stats is None:
                 return
             self.steps += 1
