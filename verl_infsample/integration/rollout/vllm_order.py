@@ -13,7 +13,8 @@ prediction.
 
 A rest does not wait inside vLLM, where its priority would be fixed when it is sent: it is *held* here
 (:meth:`VLLMRequestOrder.hold`) and *released* (:meth:`VLLMRequestOrder.release`) when vLLM has room, that is while
-fewer than ``room`` requests are inside it (its running batch and as many waiting: :func:`engine_room`), the held rest
+fewer than ``room`` requests are inside it (its running batch and as many waiting: :func:`engine_room`; the server
+widens it, :meth:`VLLMRequestOrder.widen`, where vLLM ran short while rests were held), the held rest
 ranked first by the predictions as they stand at that moment: a sibling that finished, or a regressor re-fit on the
 step's first samples, re-ranks what is still held. The server counts what it sends into vLLM (:meth:`enter`,
 :meth:`leave`).
