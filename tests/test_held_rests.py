@@ -68,6 +68,15 @@ def server(monkeypatch, tiny_model_dir):
     return s
 
 
+async def _six_requests_probes_back(server, probes: int) -> list:
+    """Six requests of one prompt sent (12 tokens each, probed), the first ``probes`` of their probes come back."""
+    calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
+    await asyncio.sleep(0)
+    for i in range(probes):
+        await server.vllm.finish(f"r{i}-probe")
+    return calls
+
+
 def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
     async def scenario():
         vllm, order = server.vllm, server.order
@@ -99,10 +108,7 @@ def test_an_abort_answers_each_held_rest_with_its_probes_tokens(server):
     with the probe's 4 tokens, which verl resumes; what vLLM held comes back aborted as vLLM returns it."""
     async def scenario():
         vllm, order = server.vllm, server.order
-        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
-        await asyncio.sleep(0)
-        for i in range(3):
-            await vllm.finish(f"r{i}-probe")
+        calls = await _six_requests_probes_back(server, 3)
         held = order.held
         await server.abort_all_requests()
         outs = await asyncio.wait_for(asyncio.gather(*calls), 5)
@@ -118,9 +124,7 @@ def test_an_abort_answers_each_held_rest_with_its_probes_tokens(server):
 def test_a_caller_that_goes_away_while_its_rest_is_held_leaves_nothing_behind(server):
     async def scenario():
         vllm, order = server.vllm, server.order
-        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
-        await asyncio.sleep(0)
-        await vllm.finish("r0-probe")
+        calls = await _six_requests_probes_back(server, 1)
         assert order.held == 1
         calls[0].cancel()
         await asyncio.sleep(0)
@@ -144,10 +148,7 @@ def test_slots_vllm_left_free_while_rests_were_held_widen_the_room(server):
 
     async def scenario():
         vllm, order = server.vllm, server.order
-        calls = [asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, f"r{i}")) for i in range(6)]
-        await asyncio.sleep(0)
-        for i in range(3):
-            await vllm.finish(f"r{i}-probe")
+        calls = await _six_requests_probes_back(server, 3)
         assert order.held == 2 and order.room == 4 and order.in_engine == 4
         vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2))  # vLLM has work waiting
         assert order.held == 2 and order.room == 4 and not server._counts["starved_steps"]

@@ -35,7 +35,7 @@ def replay_held(replay: ReplicaReplay, requests: list[ReplayRequest], order: VLL
         replay.submit(r)
     waiting: dict[int, tuple[ReplayRequest, str, int]] = {}  # id of a held OrderedRequest -> (its rest, its sample,
     # the tokens its probe generated)
-    submitted, releases = True, 0
+    submitted, releases, lanes = True, 0, replay.setup.max_num_seqs
     while replay.busy:
         done = len(res.finished)
         if not submitted:
@@ -51,7 +51,6 @@ def replay_held(replay: ReplicaReplay, requests: list[ReplayRequest], order: VLL
             waiting[id(ordered[sample_id])] = (rest, sample_id, offset)
         replay.rests_ready.clear()
         released = order.release()
-        lanes = replay.setup.max_num_seqs
         if released and order.held + len(released) > lanes and (releases := releases + 1) % PLAN_CHECK_EVERY == 0:
             check_plan([*order.held_remaining(), *(r.sample.remaining_predicted() for r in released)], lanes, res)
         for request in released:

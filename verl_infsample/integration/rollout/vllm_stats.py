@@ -32,9 +32,12 @@ def on_step(listener: Callable) -> None:
 
 
 def _tell_listeners(scheduler_stats) -> None:
+    if not _step_listeners:  # verl's own server: nothing listens
+        return
     with _lock:
         listeners = [ref() for ref in _step_listeners]
-        _step_listeners[:] = [ref for ref, fn in zip(_step_listeners, listeners) if fn is not None]
+        if None in listeners:  # an object gone: its listener goes too
+            _step_listeners[:] = [ref for ref, fn in zip(_step_listeners, listeners) if fn is not None]
     for fn in listeners:
         if fn is not None:
             fn(scheduler_stats)
