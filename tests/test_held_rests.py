@@ -77,6 +77,19 @@ async def _six_requests_probes_back(server, probes: int) -> list:
     return calls
 
 
+def test_the_engine_keeps_kv_free_at_admission_unless_the_user_set_it(server):
+    """Probed rests run longest first: the server builds vLLM with its ``watermark``; a user's
+    ``rollout.engine_kwargs.vllm.watermark`` wins."""
+    from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK
+
+    built = {}
+    server._preprocess_engine_kwargs(built)
+    assert built["watermark"] == REST_WATERMARK and built["scheduling_policy"] == "priority"
+    users = {"watermark": 0.0}
+    server._preprocess_engine_kwargs(users)
+    assert users["watermark"] == 0.0
+
+
 def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
     async def scenario():
         vllm, order = server.vllm, server.order

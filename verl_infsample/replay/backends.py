@@ -88,6 +88,7 @@ class VerlVLLMBackend:
     name = "vllm"
     engine = "vllm"
     scheduling_policy = "fcfs"
+    watermark = 0.0  # vLLM's default: nothing kept free at admission
     late_binding = False
     kv_gated = False
 
@@ -157,6 +158,7 @@ class InfiniteBackend:
         self.router_name = router
         self.router = self._new_router()
         self._verl_router = VerlVLLMBackend(replicas, seed)
+        self.watermark = self.orders[0].engine_watermark()  # as its servers set vLLM's
 
     def _new_router(self):
         from ..integration.rollout.router import GroupAffinityRouter

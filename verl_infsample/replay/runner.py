@@ -135,11 +135,12 @@ def _replay_replica(job) -> tuple[int, int, ReplicaResult | list[ReplicaResult],
     ``LATE``) every replica of a late-binding backend side by side, from the step's queue. With ``held`` (the
     replica's order and its requests in it: ``InfiniteBackend.held_rests``) the probes' rests wait in that order,
     which comes back, having learned the step, as the last item."""
-    key, replica, config, policy, gated, held, requests = job
+    key, replica, config, (policy, watermark), gated, held, requests = job
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                         max_model_len=_max_model_len(requests), scheduling_policy=policy)
+                         max_model_len=_max_model_len(requests), scheduling_policy=policy,
+                         watermark=watermark)
 
     def replica_replay(rests_held: bool = False):
         return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
@@ -249,7 +250,7 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         samples = step_samples(prompts, step_index, cap, model.vocab)
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
         routed = [b.route(arrivals) for b in backends]
-        jobs = [(k, LATE if b.late_binding else r, config, b.scheduling_policy, b.kv_gated,
+        jobs = [(k, LATE if b.late_binding else r, config, (b.scheduling_policy, b.watermark), b.kv_gated,
                  b.held_rests(r), reqs)
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]

@@ -41,6 +41,7 @@ class ReplicaSetup:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
     scheduling_policy: str = "fcfs"  # verl's default; rollout.name=infinite runs "priority"
+    watermark: float = 0.0  # KV blocks kept free at admission, a share of the pool (VLLMRequestOrder.engine_watermark)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
 
@@ -107,7 +108,7 @@ def build_scheduler(model_dir: str, setup: ReplicaSetup):
     config = EngineArgs(
         model=model_dir, skip_tokenizer_init=True, load_format="dummy", block_size=setup.block_size,
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
-        max_model_len=setup.max_model_len, scheduling_policy=setup.scheduling_policy,
+        max_model_len=setup.max_model_len, scheduling_policy=setup.scheduling_policy, watermark=setup.watermark,
         enable_prefix_caching=setup.enable_prefix_caching, enable_chunked_prefill=setup.enable_chunked_prefill,
         num_gpu_blocks_override=setup.num_blocks, async_scheduling=False).create_engine_config()
     block_size = int(config.cache_config.block_size)

@@ -17,6 +17,10 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
   ``infsample/probe_skipped``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
   each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
+- where samples run longest first by their own predictions, vLLM keeps ``REST_WATERMARK`` of its KV blocks free
+  when it admits (its ``watermark``; ``VLLMRequestOrder.engine_watermark``): the long samples' KV grows together,
+  and without headroom vLLM admits into the last blocks, then preempts and recomputes. A user's
+  ``rollout.engine_kwargs.vllm.watermark`` wins;
 - ``custom.slots`` is vLLM's ``max_num_seqs`` (samples decoded at once);
 - the step's figures (engine steps, preemptions, tokens computed, peak KV blocks, the engine's own wall time) come
   from vLLM's per-step stats (``vllm_stats``) for the ``infinite_sync`` trainer to log, and the lengths of finished
@@ -44,6 +48,15 @@ from .vllm_order import OrderedRequest, VLLMRequestOrder, engine_room
 
 logger = logging.getLogger(__name__)
 vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
+
+
+def _vllm_has_watermark() -> bool:
+    """Whether this vLLM's engine takes ``watermark`` (KV blocks kept free at admission)."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "watermark" in {f.name for f in fields(EngineArgs)}
 
 
 class InfiniteVLLMServer(vLLMHttpServer):
@@ -75,6 +88,13 @@ class InfiniteVLLMServer(vLLMHttpServer):
         engine_kwargs["enable_prefix_caching"] = True
         if self.settings.slots is not None:
             engine_kwargs["max_num_seqs"] = self.settings.slots
+        watermark = self.order.engine_watermark()
+        if watermark and "watermark" not in engine_kwargs:  # rollout.engine_kwargs.vllm.watermark, if set, wins
+            if _vllm_has_watermark():
+                engine_kwargs["watermark"] = watermark
+            else:
+                logger.warning("rollout.name=infinite: this vLLM has no `watermark`; held rests run without KV "
+                               "headroom at admission (expect more preemptions in a tight KV pool)")
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, priority: int = 0, **kwargs):
         """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal),
