@@ -98,7 +98,8 @@ def test_bench_verl_row_bounds_each_training_step_on_its_own():
     from verl_infsample.bench.in_verl import parse_step_lines, row_from_steps
 
     lines = ("(TaskRunnerV1 pid=1) step:2 - infsample/decode_steps:300 - infsample/total_tokens:1000 - "
-             "response_length/max:160 - infsample/samples:128 - infsample/peak_kv_blocks:12 - timing_s/gen:1.0\n"
+             "response_length/max:160 - infsample/samples:128 - infsample/peak_kv_blocks:12 - timing_s/gen:1.0 - "
+             "infsample/arrival_bound_steps:240\n"
              "(TaskRunnerV1 pid=1) step:1 - infsample/decode_steps:228 - infsample/total_tokens:3250 - "
              "response_length/max:77 - infsample/samples:128 - infsample/peak_kv_blocks:17 - timing_s/gen:2.5\n")
     row = row_from_steps("infinite", 16, 8, 16, parse_step_lines(lines))
@@ -106,6 +107,8 @@ def test_bench_verl_row_bounds_each_training_step_on_its_own():
     assert row.step_lower_bound_steps == [204, 160]  # 3250 tokens over 16 rows; the 160-token response
     assert (row.engine_steps, row.lower_bound_steps, row.steps_vs_lower_bound) == (528, 364, 1.451)
     assert (row.samples, row.generated_tokens, row.peak_kv_blocks, row.verl_gen_s) == (256, 4250, 17, 3.5)
+    # step 2's samples as they reached vLLM: 240; step 1 has no arrival figure, its plain bound stands
+    assert row.step_arrival_bound_steps == [204, 240] and row.steps_vs_arrival_bound == round(528 / 444, 3)
 
 
 def test_bench_verl_refuses_bad_sizes(capsys):

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from verl_infsample.core.fptas import exact_makespan, fptas_schedule, lower_bound, lpt_schedule
+from verl_infsample.core.fptas import (exact_makespan, fptas_schedule, lower_bound, lower_bound_with_arrivals,
+                                      lpt_schedule)
 
 
 def _check_schedule(lengths, sched, lanes):
@@ -55,6 +56,34 @@ def test_lower_bound_and_errors():
         lpt_schedule([1, 2], 0)
     with pytest.raises(ValueError, match="fptas_eps"):
         fptas_schedule([1, 2], 2, eps=0)
+
+
+def _list_schedule_with_arrivals(lengths, arrivals, lanes):
+    """Unit steps, ``lanes`` rows a step, each job one unit a step from its arrival on, the longest remaining first:
+    one feasible schedule, so never shorter than a lower bound."""
+    remaining, t = np.array(lengths, dtype=int), 0
+    while remaining.sum():
+        ready = np.flatnonzero((np.asarray(arrivals) <= t) & (remaining > 0))
+        remaining[ready[np.argsort(-remaining[ready])][:lanes]] -= 1
+        t += 1
+    return t
+
+
+def test_the_bound_with_arrivals_holds_for_every_schedule_and_is_met_where_it_should_be(rng):
+    assert lower_bound_with_arrivals([10, 1, 1], [0, 0, 0], 2) == lower_bound(np.array([10.0, 1.0, 1.0]), 2)
+    assert lower_bound_with_arrivals([3, 3, 9], [0, 0, 5], 2) == 14  # the long job arrives late
+    assert lower_bound_with_arrivals([4] * 6, [0, 0, 6, 6, 6, 6], 2) == 14  # a late burst: 6 + 16 / 2
+    assert lower_bound_with_arrivals([], [], 4) == 0.0
+    for _ in range(300):
+        n, lanes = int(rng.integers(1, 12)), int(rng.integers(1, 4))
+        lengths, arrivals = rng.integers(1, 9, n), rng.integers(0, 12, n)
+        bound = lower_bound_with_arrivals(lengths, arrivals, lanes)
+        assert bound >= lower_bound(lengths.astype(float), lanes) + arrivals.min() - 1e-9
+        assert bound <= _list_schedule_with_arrivals(lengths, arrivals, lanes) + 1e-9
+    with pytest.raises(ValueError, match="lanes must be >= 1"):
+        lower_bound_with_arrivals([1], [0], 0)
+    with pytest.raises(ValueError, match="one arrival per job"):
+        lower_bound_with_arrivals([1, 2], [0], 1)
 
 
 def _brute_force_makespan(lengths, lanes, release):

@@ -29,7 +29,8 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
 
         cache = CacheConfig(block_size=16)
         cache.num_gpu_blocks = 200
-        logger = vllm_stats._logger_class()(types.SimpleNamespace(cache_config=cache))
+        config = types.SimpleNamespace(cache_config=cache, scheduler_config=types.SimpleNamespace(max_num_seqs=2))
+        logger = vllm_stats._logger_class()(config)
         for step, (preempted, generated, prefilled, usage) in enumerate([(0, 4, 40, 0.25), (1, 3, 0, 0.5), (0, 2, 8, 0.1)]):
             it = IterationStats()
             it.iteration_timestamp = 100.0 + step
@@ -42,14 +43,30 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
               m["infsample/peak_kv_blocks"], m["infsample/kv_blocks"], m["infsample/wall_s"],
               m["infsample/running_rows"])
         print(vllm_stats.pop_step_metrics()["infsample/decode_steps"])  # popped: the next step starts at zero
+
+        # the arrival bound, 2 slots: a sample (probe "a-probe" and rest "a") arrives before the first step, 1 + 3
+        # tokens; "c" 3 tokens as well; "b" (2 tokens) arrives after four steps' outputs: it cannot end before step 6
+        from vllm.v1.engine import FinishReason
+        from vllm.v1.metrics.stats import FinishedRequestStats
+        done = {101.0: [("a-probe", 1.5, 1)], 102.0: [("c", 2.5, 3)], 104.0: [("a", 2.5, 3), ("b", 0.5, 2)]}
+        for t in (100.0, 101.0, 102.0, 103.0, 104.0):
+            it = IterationStats()
+            it.iteration_timestamp = t
+            it.finished_requests = [FinishedRequestStats(FinishReason.LENGTH, request_id=rid, e2e_latency=e2e,
+                                                         num_generation_tokens=n) for rid, e2e, n in done.get(t, [])]
+            logger.record(SchedulerStats(num_running_reqs=2), it)
+        m = vllm_stats.pop_step_metrics()
+        print(m["infsample/arrival_bound_steps"], m["infsample/samples"])
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    first, second = out.stdout.strip().splitlines()[-2:]
+    first, second, arrivals = out.stdout.strip().splitlines()[-3:]
     # 3 steps, 1 preemption, 9 generated + 48 prefilled, peak usage 0.9 of 200 blocks (seen while idle), 2 s, rows
     # running 4 + 3 + 2 over the steps
     assert first.split() == ["3", "1", "57", "180", "200", "2.0", "9"]
     assert second == "0"
+    # max(longest 4, 9 tokens / 2 slots) would say 5; "b" reached vLLM after step 4's output: 4 + 2
+    assert arrivals.split() == ["6", "4"]
 
 
 def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path):

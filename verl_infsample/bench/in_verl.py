@@ -53,7 +53,7 @@ WORKLOADS = {
 }
 COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "lower_bound_steps", "preemptions",
            "tokens_computed", "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm",
-           "steps_vs_lower_bound"]
+           "steps_vs_lower_bound", "steps_vs_arrival_bound"]
 
 
 @dataclass
@@ -76,11 +76,16 @@ class VerlBenchRow:
     # (where the backends' samples differ, unseeded, this is what they compare by)
     lower_bound_steps: int = 0
     steps_vs_lower_bound: float | None = None
+    # the same with each sample in no step before it reached vLLM (infsample/arrival_bound_steps): what the pace at
+    # which verl's agent loop sends a step's requests leaves to any order
+    arrival_bound_steps: int = 0
+    steps_vs_arrival_bound: float | None = None
     gen_s_vs_vllm: float | None = None  # this row's gen_s / verl vLLM's at the same n
     steps_vs_vllm: float | None = None
     # per training step (where a predictor that learns shows when it has learnt): engine steps and lower bound
     step_engine_steps: list[int] = field(default_factory=list)
     step_lower_bound_steps: list[int] = field(default_factory=list)
+    step_arrival_bound_steps: list[int] = field(default_factory=list)
     # rows vLLM ran a step, over the run (max_num_seqs at most): below it, slots stood idle or KV ran short
     mean_running: float | None = None
     plan_ms: float = 0.0  # the server's time in the plan's order (infinite on vLLM), over the run
@@ -171,6 +176,7 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
     ordered = [steps[k] for k in sorted(steps)]
     bounds = [step_lower_bound(m, slots) for m in ordered]
     lower_bound = sum(bounds)
+    arrival_bounds = [max(b, int(m.get("infsample/arrival_bound_steps", 0.0))) for b, m in zip(bounds, ordered)]
 
     def total(key: str) -> float:
         return sum(m.get(f"infsample/{key}", 0.0) for m in ordered)
@@ -190,6 +196,10 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
                         steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None,
                         step_engine_steps=[int(m.get("infsample/decode_steps", 0.0)) for m in ordered],
                         step_lower_bound_steps=bounds,
+                        arrival_bound_steps=sum(arrival_bounds),
+                        steps_vs_arrival_bound=round(total("decode_steps") / sum(arrival_bounds), 3)
+                        if sum(arrival_bounds) else None,
+                        step_arrival_bound_steps=arrival_bounds,
                         mean_running=round(total("running_rows") / total("decode_steps"), 2)
                         if total("decode_steps") and total("running_rows") else None,
                         plan_ms=round(total("plan_ms"), 1))

@@ -75,6 +75,23 @@ def lower_bound(lengths: np.ndarray, lanes: int, release: np.ndarray | None = No
     return max(float(np.max(lengths)), float(np.sum(lengths)) / lanes)
 
 
+def lower_bound_with_arrivals(lengths, arrivals, lanes: int) -> float:
+    """No schedule on ``lanes`` lanes of jobs that arrive over time (job i at ``arrivals[i]``, taking ``lengths[i]``)
+    ends before any job's arrival plus its length, nor, for any t, before t plus the work arriving at or after t
+    over ``lanes``."""
+    lengths = np.asarray(lengths, dtype=float)
+    arrivals = np.asarray(arrivals, dtype=float)
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    if lengths.shape != arrivals.shape:
+        raise ValueError(f"one arrival per job: {len(arrivals)} arrivals for {len(lengths)} jobs")
+    if len(lengths) == 0:
+        return 0.0
+    order = np.argsort(arrivals, kind="stable")
+    later_work = np.cumsum(lengths[order][::-1])[::-1]  # the work arriving at or after each job, in arrival order
+    return max(float(np.max(arrivals + lengths)), float(np.max(arrivals[order] + later_work / lanes)))
+
+
 def _schedule_from_lanes(lengths: np.ndarray, lane: np.ndarray, lanes: int,
                          release: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Start times with each lane running its jobs longest first (long, uncertain work starts early), from its

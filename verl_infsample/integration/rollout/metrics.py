@@ -11,7 +11,8 @@ _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infs
         "infsample/probes", "infsample/probe_continuations", "infsample/probe_skipped", "infsample/rests_held",
         "infsample/held_aborted", "infsample/starved_steps",
         "infsample/running_rows")  # running_rows / decode_steps: rows a step, one replica
-_SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/plan_ms",
+_SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/arrival_bound_steps",
+               "infsample/plan_ms",
                "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size",
         "infsample/engine_room")

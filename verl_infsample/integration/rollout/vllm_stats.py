@@ -17,6 +17,7 @@ import weakref
 from typing import Callable
 
 STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
+PROBE_SUFFIX = "-probe"  # a probe's request id: its sample's, with this suffix (``vllm_server``)
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
@@ -52,6 +53,7 @@ def _logger_class():
 
         def __init__(self, vllm_config, engine_index: int = 0):
             self.cache = vllm_config.cache_config
+            self.slots = int(vllm_config.scheduler_config.max_num_seqs)
             self._reset()
             with _lock:
                 _loggers.append(self)
@@ -61,6 +63,8 @@ def _logger_class():
             self.running = 0  # rows running, summed over the steps
             self.peak_usage = 0.0
             self.first_t = self.last_t = None
+            self.step_t: list[float] = []  # each step's timestamp
+            self.samples: dict[str, list] = {}  # a sample (a probe and its rest are one) -> [its arrival, its tokens]
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
@@ -76,8 +80,15 @@ def _logger_class():
             self.prefilled += iteration_stats.prompt_token_stats.computed
             self.cached += iteration_stats.prompt_token_stats.cached_tokens
             self.finished += len(iteration_stats.finished_requests)
-            self.first_t = self.first_t or iteration_stats.iteration_timestamp
-            self.last_t = iteration_stats.iteration_timestamp
+            now = iteration_stats.iteration_timestamp
+            self.first_t = self.first_t or now
+            self.last_t = now
+            self.step_t.append(now)
+            for done in iteration_stats.finished_requests:
+                key = (done.request_id or f"#{len(self.samples)}").removesuffix(PROBE_SUFFIX)
+                sample = self.samples.setdefault(key, [now - done.e2e_latency, 0])
+                sample[0] = min(sample[0], now - done.e2e_latency)
+                sample[1] += done.num_generation_tokens
 
         def log_engine_initialized(self):
             pass
@@ -91,9 +102,23 @@ def _logger_class():
                    "infsample/peak_kv_blocks": round(self.peak_usage * blocks), "infsample/kv_blocks": blocks,
                    "infsample/kv_block_size": int(self.cache.block_size or 0),
                    "infsample/running_rows": self.running,
+                   "infsample/arrival_bound_steps": self._arrival_bound(),
                    "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0}
             self._reset()
             return out
+
+        def _arrival_bound(self) -> int:
+            """No order of this engine's samples takes fewer steps, as they arrived: a sample is in no step whose
+            output came before it arrived (``core.fptas.lower_bound_with_arrivals`` over ``max_num_seqs``)."""
+            import numpy as np
+
+            from ...core.fptas import lower_bound_with_arrivals
+
+            if not self.samples:
+                return 0
+            arrivals, tokens = zip(*self.samples.values())
+            steps_before = np.searchsorted(np.array(self.step_t), np.array(arrivals), side="left")
+            return int(np.ceil(lower_bound_with_arrivals(tokens, steps_before, self.slots) - 1e-9))
 
     return RolloutStatsLogger
 
@@ -135,6 +160,7 @@ def pop_step_metrics(_server=None) -> dict:
     if not parts:
         return {}
     out = {key: sum(p[key] for p in parts) for key in parts[0]}
-    for key in ("infsample/decode_steps", "infsample/wall_s", "infsample/kv_block_size"):
+    for key in ("infsample/decode_steps", "infsample/wall_s", "infsample/kv_block_size",
+                "infsample/arrival_bound_steps"):
         out[key] = max(p[key] for p in parts)
     return out
