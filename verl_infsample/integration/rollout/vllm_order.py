@@ -32,7 +32,7 @@ from ...core.sample import Group, Sample, prompt_key
 from ...predict.features import TokenWindow
 
 REST_BUFFER = 1.0  # requests let wait inside vLLM beyond its running batch, a share of max_num_seqs
-REST_WATERMARK = 0.02  # vLLM's ``watermark`` where rests are held: the share of its KV blocks kept free at admission
+REST_WATERMARK = 0.02  # vLLM's ``watermark`` where samples run longest first: a share of its KV blocks kept free
 
 
 def engine_room(max_num_seqs: int) -> int:
