@@ -177,6 +177,7 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
     bounds = [step_lower_bound(m, slots) for m in ordered]
     lower_bound = sum(bounds)
     arrival_bounds = [max(b, int(m.get("infsample/arrival_bound_steps", 0.0))) for b, m in zip(bounds, ordered)]
+    arrival_bound = sum(arrival_bounds)
 
     def total(key: str) -> float:
         return sum(m.get(f"infsample/{key}", 0.0) for m in ordered)
@@ -196,9 +197,9 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
                         steps_vs_lower_bound=round(total("decode_steps") / lower_bound, 3) if lower_bound else None,
                         step_engine_steps=[int(m.get("infsample/decode_steps", 0.0)) for m in ordered],
                         step_lower_bound_steps=bounds,
-                        arrival_bound_steps=sum(arrival_bounds),
-                        steps_vs_arrival_bound=round(total("decode_steps") / sum(arrival_bounds), 3)
-                        if sum(arrival_bounds) else None,
+                        arrival_bound_steps=arrival_bound,
+                        steps_vs_arrival_bound=round(total("decode_steps") / arrival_bound, 3)
+                        if arrival_bound else None,
                         step_arrival_bound_steps=arrival_bounds,
                         mean_running=round(total("running_rows") / total("decode_steps"), 2)
                         if total("decode_steps") and total("running_rows") else None,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.sample import prompt_key
+from ..integration.rollout.probe import PROBE_SUFFIX
 from ..core.trace import TracePrompt
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
@@ -212,7 +213,7 @@ class InfiniteBackend:
         probe_priority = request.priority
         opening = s.opening[:k] if len(s.opening) >= k else (0,) * k  # a trace's prediction needs no tokens
         rest_priority = order.after_probe(request, TokenWindow(opening))
-        return ReplayRequest(f"{s.request_id}-probe", s.prompt_tokens, k, priority=probe_priority,
+        return ReplayRequest(f"{s.request_id}{PROBE_SUFFIX}", s.prompt_tokens, k, priority=probe_priority,
                              rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
                                                 predicted_len=request.sample.predicted_len))
 

@@ -147,7 +147,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self._track_finish_reasons()
         k = self.order.probe_tokens
         probe_params, rest_params = probe.split_params(sampling_params, total, k)
-        probe_id = f"{request_id}{vllm_stats.PROBE_SUFFIX}"
+        probe_id = f"{request_id}{probe.PROBE_SUFFIX}"
         self._probe_ids.add(probe_id)
         try:
             head = await self._engine_generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)

@@ -16,8 +16,9 @@ import threading
 import weakref
 from typing import Callable
 
+from .probe import PROBE_SUFFIX
+
 STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
-PROBE_SUFFIX = "-probe"  # a probe's request id: its sample's, with this suffix (``vllm_server``)
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
@@ -86,8 +87,9 @@ def _logger_class():
             self.step_t.append(now)
             for done in iteration_stats.finished_requests:
                 key = (done.request_id or f"#{len(self.samples)}").removesuffix(PROBE_SUFFIX)
-                sample = self.samples.setdefault(key, [now - done.e2e_latency, 0])
-                sample[0] = min(sample[0], now - done.e2e_latency)
+                arrival = now - done.e2e_latency
+                sample = self.samples.setdefault(key, [arrival, 0])
+                sample[0] = min(sample[0], arrival)
                 sample[1] += done.num_generation_tokens
 
         def log_engine_initialized(self):
