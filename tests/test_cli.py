@@ -92,6 +92,29 @@ def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
+def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
+    """Under --repeats, a run's ratios are against verl's run of the same repeat, and the summary gives per backend
+    and n the median and the range one run shows."""
+    from verl_infsample.bench.in_verl import VerlBenchRow, repeat_summary, with_ratios
+    from verl_infsample.bench.plots import plot_bench_verl
+
+    def row(backend, steps, repeat):
+        return VerlBenchRow(backend=backend, n=16, prompts=8, samples=128, gen_s=steps / 100, engine_steps=steps,
+                            preemptions=0, tokens_computed=1, generated_tokens=1, cached_prompt_tokens=0,
+                            peak_kv_blocks=1, kv_blocks=24, kv_block_size=128, verl_gen_s=1.0,
+                            lower_bound_steps=100, steps_vs_lower_bound=steps / 100, repeat=repeat)
+
+    rows = with_ratios([row("vllm", 200, 0), row("infinite", 180, 0), row("vllm", 100, 1), row("infinite", 120, 1),
+                        row("vllm", 150, 2), row("infinite", 150, 2)])
+    assert [r.steps_vs_vllm for r in rows if r.backend == "infinite"] == [0.9, 1.2, 1.0]
+    verl, ours = repeat_summary(rows)
+    assert (verl.backend, verl.runs, verl.engine_steps, verl.steps_min, verl.steps_max) == ("vllm", 3, 150, 100, 200)
+    assert (ours.steps_vs_vllm, ours.steps_vs_vllm_min, ours.steps_vs_vllm_max) == (1.0, 0.9, 1.2)
+    assert ours.engine_steps == 150 and ours.steps_vs_lower_bound == 1.5
+    plot_bench_verl([vars(r) for r in rows], str(tmp_path / "b.png"))
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
 def test_bench_verl_row_bounds_each_training_step_on_its_own():
     """A run's row from verl's console lines: totals over its steps, and per step its engine steps and its lower
     bound, max(longest response, ceil(generated tokens / max_num_seqs))."""
@@ -113,4 +136,6 @@ def test_bench_verl_row_bounds_each_training_step_on_its_own():
 
 def test_bench_verl_refuses_bad_sizes(capsys):
     assert main(["bench-verl", "--n", "0"]) == 2
-    assert "--n, --steps, --slots and --kv-blocks must be >= 1" in capsys.readouterr().err
+    assert "--n, --steps, --slots, --kv-blocks and --repeats must be >= 1" in capsys.readouterr().err
+    assert main(["bench-verl", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err

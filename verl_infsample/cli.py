@@ -2,7 +2,7 @@
 
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
-    infsample bench-verl [--n 16 --n 64 --n 256] [--json] [--plot bench_verl.png]
+    infsample bench-verl [--n 16 --n 64 --n 256] [--repeats R] [--json] [--plot bench_verl.png]
     infsample trace synth --rl --prompts 512 --group-size 16 --max-len 16384 --steps 2 --seed 0 --out rl.jsonl
     infsample replay --trace rl.jsonl --gpu h200 --model qwen3-8b --replicas 8 [--json] [--plot running.png]
 

@@ -8,7 +8,10 @@ instrumented through ``VERL_INFSAMPLE_VLLM_STATS=1``), read after each training 
 trainer mode: ``gen_s`` is the engine's own wall time for the step's rollout (first to last engine step), not verl's
 ``timing_s/gen``, which also counts the agent loop and comes in whole seconds on a busy CPU. Requests are seeded by
 prompt and arrival rank on both backends (``request_seeds``), so both decode the same samples and their engine
-steps differ by schedule, not by chance.
+steps differ by schedule, not by chance. Not by the schedule alone, though: verl's agent loop sends a step's requests
+at the pace the CPU allows, and what has reached vLLM when it schedules moves one run's engine steps by 10% and
+more. ``--repeats R`` runs each pair R times, the backends alternating, and reports each run's figures against the
+verl run beside it and, per backend and ``n``, their median and range (``repeat_summary``).
 
 ``--workload varying``: the tiny ``modes`` model on chain arithmetic (``examples/chains``), which answers each
 prompt at random in one of three modes whose first token announces the answer's length (about 10 to 150 tokens),
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -89,6 +93,28 @@ class VerlBenchRow:
     # rows vLLM ran a step, over the run (max_num_seqs at most): below it, slots stood idle or KV ran short
     mean_running: float | None = None
     plan_ms: float = 0.0  # the server's time in the plan's order (infinite on vLLM), over the run
+    repeat: int = 0  # which of ``--repeats`` runs of this backend and n; ratios are against verl's of the same one
+
+
+SUMMARY_COLUMNS = ["backend", "n", "runs", "engine_steps", "steps_min", "steps_max", "steps_vs_vllm",
+                   "steps_vs_vllm_min", "steps_vs_vllm_max", "gen_s_vs_vllm", "steps_vs_lower_bound"]
+
+
+@dataclass
+class VerlBenchSummary:
+    """One backend at one n over ``--repeats`` runs: medians, and the range of what one run shows."""
+
+    backend: str
+    n: int
+    runs: int
+    engine_steps: float  # median
+    steps_min: int
+    steps_max: int
+    steps_vs_vllm: float | None  # median of the runs' ratios to the verl run beside each
+    steps_vs_vllm_min: float | None
+    steps_vs_vllm_max: float | None
+    gen_s_vs_vllm: float | None  # median
+    steps_vs_lower_bound: float | None  # median
 
 
 def add_bench_verl_parser(sub) -> None:
@@ -107,6 +133,9 @@ def add_bench_verl_parser(sub) -> None:
                         "of 128 tokens, a few prompts and max_num_seqs samples)")
     p.add_argument("--response-length", type=int, help="default: 48 (puzzles), 160 (varying)")
     p.add_argument("--backend", action="append", choices=BACKENDS, help="backends (default: both)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each backend and n, alternating (a run's engine steps move with the agent loop's "
+                        "pace: compare medians)")
     p.add_argument("--unseeded", dest="seeded", action="store_false",
                    help="leave requests unseeded (by default each gets a seed of its prompt and arrival rank, on "
                         "both backends, so both draw the same tokens: request_seeds)")
@@ -135,7 +164,7 @@ def parse_step_lines(output: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRow:
+def run_one(backend: str, n: int, prompts: int, args, work: Path, repeat: int = 0) -> VerlBenchRow:
     """One training run; raises with the run's last output if it fails or reports no figures."""
     from ..models.tiny import tiny_model_path
 
@@ -150,18 +179,20 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path) -> VerlBenchRo
                  f"+actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override={args.kv_blocks}",
                  "actor_rollout_ref.actor.use_kl_loss=false",
                  *(workload.infinite_overrides if backend == "infinite" else ()), *args.extra]
-    run_dir = work / f"{backend}_n{n}"
-    proc = subprocess.run(["bash", str(workload.script), str(run_dir), *overrides], capture_output=True, text=True,
-                          env=env, cwd=work, timeout=1800)
+    name = f"{backend}_n{n}" + (f"_r{repeat}" if repeat else "")
+    proc = subprocess.run(["bash", str(workload.script), str(work / name), *overrides], capture_output=True,
+                          text=True, env=env, cwd=work, timeout=1800)
     output = proc.stdout + proc.stderr
-    (work / f"{backend}_n{n}.log").write_text(output)
+    log = work / f"{name}.log"
+    log.write_text(output)
     steps = parse_step_lines(output)
     if proc.returncode != 0 or sorted(steps) != list(range(1, args.steps + 1)) or not all(
             "infsample/decode_steps" in m for m in steps.values()):
         raise RuntimeError(f"bench-verl: the {backend} run at n={n} failed (rc {proc.returncode}); its log: "
-                           f"{work / f'{backend}_n{n}.log'}\n{output[-3000:]}")
-
-    return row_from_steps(backend, n, prompts, args.slots, steps)
+                           f"{log}\n{output[-3000:]}")
+    row = row_from_steps(backend, n, prompts, args.slots, steps)
+    row.repeat = repeat
+    return row
 
 
 def step_lower_bound(metrics: dict[str, float], slots: int) -> int:
@@ -207,37 +238,64 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:
-    """Each row's gen_s and engine steps relative to verl's vLLM rollout at the same n (in the same run)."""
-    base = {r.n: r for r in rows if r.backend == "vllm"}
+    """Each row's gen_s and engine steps relative to verl's vLLM rollout at the same n and repeat."""
+    base = {(r.n, r.repeat): r for r in rows if r.backend == "vllm"}
     for r in rows:
-        b = base.get(r.n)
+        b = base.get((r.n, r.repeat))
         if b is not None and b.gen_s > 0 and b.engine_steps > 0:
             r.gen_s_vs_vllm = round(r.gen_s / b.gen_s, 3)
             r.steps_vs_vllm = round(r.engine_steps / b.engine_steps, 3)
     return rows
 
 
+def repeat_summary(rows: list[VerlBenchRow]) -> list[VerlBenchSummary]:
+    """Per backend and n (in the rows' order): the median of its runs and the range one run shows."""
+    def median(values):
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    groups: dict[tuple[str, int], list[VerlBenchRow]] = {}
+    for r in rows:
+        groups.setdefault((r.backend, r.n), []).append(r)
+    out = []
+    for (backend, n), runs in groups.items():
+        ratios = [r.steps_vs_vllm for r in runs if r.steps_vs_vllm is not None]
+        out.append(VerlBenchSummary(
+            backend=backend, n=n, runs=len(runs), engine_steps=median(r.engine_steps for r in runs),
+            steps_min=min(r.engine_steps for r in runs), steps_max=max(r.engine_steps for r in runs),
+            steps_vs_vllm=median(ratios), steps_vs_vllm_min=min(ratios, default=None),
+            steps_vs_vllm_max=max(ratios, default=None), gen_s_vs_vllm=median(r.gen_s_vs_vllm for r in runs),
+            steps_vs_lower_bound=median(r.steps_vs_lower_bound for r in runs)))
+    return out
+
+
 def _cmd_bench_verl(args) -> int:
     ns = args.n or [16, 64, 256]
     backends = args.backend or list(BACKENDS)
-    if any(n < 1 for n in ns) or args.steps < 1 or args.slots < 1 or args.kv_blocks < 1:
-        raise ValueError("--n, --steps, --slots and --kv-blocks must be >= 1")
-    runs = [(b, n) for n in ns for b in backends]
+    if any(n < 1 for n in ns) or min(args.steps, args.slots, args.kv_blocks, args.repeats) < 1:
+        raise ValueError("--n, --steps, --slots, --kv-blocks and --repeats must be >= 1")
+    runs = [(b, n, k) for k in range(args.repeats) for n in ns for b in backends]
     rows = []
     with tempfile.TemporaryDirectory(prefix="infsample_bench_verl_") as tmp:
         work = Path(args.log_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        for backend, n in progress(runs, "bench-verl"):
+        for backend, n, repeat in progress(runs, "bench-verl"):
             prompts = max(1, args.samples // n)
-            print(f"bench-verl: {backend} n={n} x {prompts} prompt(s) ...", file=sys.stderr, flush=True)
-            rows.append(run_one(backend, n, prompts, args, work))
+            print(f"bench-verl: {backend} n={n} x {prompts} prompt(s)"
+                  + (f", run {repeat + 1} of {args.repeats}" if args.repeats > 1 else "") + " ...",
+                  file=sys.stderr, flush=True)
+            rows.append(run_one(backend, n, prompts, args, work, repeat))
         print(f"bench-verl: {len(runs)} runs in {time.monotonic() - started:.0f} s", file=sys.stderr)
     rows = with_ratios(rows)
+    summary = repeat_summary(rows) if args.repeats > 1 else []
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
-        print(format_table([asdict(r) for r in rows], COLUMNS))
+        print(format_table([asdict(r) for r in rows], ["repeat", *COLUMNS] if summary else COLUMNS))
+    if summary:  # on stderr under --json, whose stdout stays one JSON list of the runs
+        print("\n" + format_table([asdict(s) for s in summary], SUMMARY_COLUMNS), file=sys.stderr if args.json
+              else sys.stdout)
     if args.plot:
         from .plots import plot_bench_verl
 

@@ -142,7 +142,10 @@ def plot_gpu_check(report: dict, path: str) -> None:
 
 
 def plot_bench_verl(rows: list[dict], path: str) -> None:
-    """``infsample bench-verl``: the engine's rollout time and its steps per rollout.n, one bar per backend."""
+    """``infsample bench-verl``: the engine's rollout time and its steps per rollout.n, one bar per backend (the
+    median of its runs, a line over their range where it ran more than once)."""
+    import statistics
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,21 +153,28 @@ def plot_bench_verl(rows: list[dict], path: str) -> None:
 
     ns = sorted({r["n"] for r in rows})
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    by = {(r["backend"], r["n"]): r for r in rows}
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["backend"], r["n"]), []).append(r)
     width = 0.8 / max(1, len(backends))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "gen_s", "engine wall time of the rollout (s)"),
                            (axes[1], "engine_steps", "engine steps")):
         for i, b in enumerate(backends):
             xs = [j + (i - (len(backends) - 1) / 2) * width for j in range(len(ns))]
-            ax.bar(xs, [by[(b, n)][key] if (b, n) in by else 0 for n in ns], width,
+            values = [[r[key] for r in runs.get((b, n), [])] or [0] for n in ns]
+            mid = [statistics.median(v) for v in values]
+            spread = [[m - min(v) for m, v in zip(mid, values)], [max(v) - m for m, v in zip(mid, values)]]
+            ax.bar(xs, mid, width, yerr=spread if any(len(v) > 1 for v in values) else None, capsize=3,
                    label="verl rollout.name=vllm" if b == "vllm" else f"rollout.name={b} (vLLM)")
-        ax.set_xticks(range(len(ns)), [f"n={n}\n{by.get((backends[0], n), {}).get('prompts', '?')} prompt(s)"
-                                       for n in ns])
+        prompts = {n: r["prompts"] for r in rows for n in [r["n"]]}
+        ax.set_xticks(range(len(ns)), [f"n={n}\n{prompts[n]} prompt(s)" for n in ns])
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend()
-    fig.suptitle("verl's trainer on the tiny model, same prompts, max_num_seqs and vLLM KV pool")
+    most = max(len(v) for v in runs.values())
+    fig.suptitle("verl's trainer on the tiny model, same prompts, max_num_seqs and vLLM KV pool"
+                 + (f" (median and range of {most} runs)" if most > 1 else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
