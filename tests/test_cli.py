@@ -115,6 +115,32 @@ def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
+def test_bench_verl_repeats_alternate_the_backends_and_print_the_summary(monkeypatch, capsys):
+    """--repeats 2: the runs go verl, ours, verl, ours (machine drift hits both alike); the table has a repeat column
+    and the summary one line per backend. The trainer run itself is faked (``fake_run_one``): the rest is the CLI's."""
+    from verl_infsample.bench import in_verl
+
+    calls = []
+
+    def fake_run_one(backend, n, prompts, args, work, repeat=0):
+        calls.append((backend, repeat))
+        steps = 100 + 10 * repeat + (5 if backend == "infinite" else 0)
+        return in_verl.VerlBenchRow(backend=backend, n=n, prompts=prompts, samples=128, gen_s=1.0,
+                                    engine_steps=steps, preemptions=0, tokens_computed=1, generated_tokens=1,
+                                    cached_prompt_tokens=0, peak_kv_blocks=1, kv_blocks=24, kv_block_size=128,
+                                    verl_gen_s=1.0, repeat=repeat)
+
+    monkeypatch.setattr(in_verl, "run_one", fake_run_one)
+    assert main(["bench-verl", "--n", "16", "--repeats", "2"]) == 0
+    assert calls == [("vllm", 0), ("infinite", 0), ("vllm", 1), ("infinite", 1)]
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:2] == ["repeat", "backend"]
+    summary = [line.split() for line in out.splitlines() if line.split()[:1] in (["vllm"], ["infinite"])
+               and len(line.split()) == 11]
+    assert [row[:6] for row in summary] == [["vllm", "16", "2", "105", "100", "110"],
+                                            ["infinite", "16", "2", "110", "105", "115"]]
+
+
 def test_bench_verl_row_bounds_each_training_step_on_its_own():
     """A run's row from verl's console lines: totals over its steps, and per step its engine steps and its lower
     bound, max(longest response, ceil(generated tokens / max_num_seqs))."""
