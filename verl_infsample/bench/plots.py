@@ -156,6 +156,7 @@ def plot_bench_verl(rows: list[dict], path: str) -> None:
     runs: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         runs.setdefault((r["backend"], r["n"]), []).append(r)
+    prompts = {r["n"]: r["prompts"] for r in rows}
     width = 0.8 / max(1, len(backends))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "gen_s", "engine wall time of the rollout (s)"),
@@ -167,7 +168,6 @@ def plot_bench_verl(rows: list[dict], path: str) -> None:
             spread = [[m - min(v) for m, v in zip(mid, values)], [max(v) - m for m, v in zip(mid, values)]]
             ax.bar(xs, mid, width, yerr=spread if any(len(v) > 1 for v in values) else None, capsize=3,
                    label="verl rollout.name=vllm" if b == "vllm" else f"rollout.name={b} (vLLM)")
-        prompts = {n: r["prompts"] for r in rows for n in [r["n"]]}
         ax.set_xticks(range(len(ns)), [f"n={n}\n{prompts[n]} prompt(s)" for n in ns])
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)

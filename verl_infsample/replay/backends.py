@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.sample import prompt_key
-from ..integration.rollout.probe import PROBE_SUFFIX
 from ..core.trace import TracePrompt
+from ..integration.rollout.probe import PROBE_SUFFIX
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
 BACKENDS = ("vllm", "infinite", "infinite-late", "infinite-gated", "oracle", "transformers")

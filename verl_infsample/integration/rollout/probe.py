@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# sampling parameters whose meaning does not depend on where the output starts
 PROBE_SUFFIX = "-probe"  # a probe's request id: its sample's, with this suffix
+# sampling parameters whose meaning does not depend on where the output starts
 SPLITTABLE = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "logprobs", "max_tokens",
                         "max_new_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "logit_bias",
                         "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
