@@ -7,6 +7,16 @@ import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+# Property tests: under CI (``CI`` set) a fixed, derandomized draw, the same on every run, so a red CI is a change
+# in the code, never a new draw; elsewhere free exploration. Either way a failure prints its shrunk example and the
+# ``@reproduce_failure`` blob that replays it. CI skips shrinking past the first failing example it finds.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow],
+                          phases=[Phase.explicit, Phase.generate, Phase.target])
+settings.register_profile("explore", print_blob=True, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "explore")
 
 
 def pytest_configure(config):

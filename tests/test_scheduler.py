@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verl_infsample.core import KVBudget, SlotPool, TracePrompt
@@ -51,9 +51,15 @@ def test_every_sample_exactly_once_under_slots(trace, slots, policy, predictor):
     assert res.preemptions == 0
 
 
+# A budget of one prompt plus one response of the cap, where a skyline plan once left the engine idle waiting for a
+# planned start and the scheduler refused to go on.
+TIGHT_BUDGET_CASE = [TracePrompt("p0", 15, (6, 21, 16, 31, 46, 47, 54)), TracePrompt("p1", 15, (21, 35, 54, 21))]
+
+
 @settings(max_examples=60, deadline=None)
-@given(trace=traces(), extra=st.integers(0, 400), policy=st.sampled_from(sorted(POLICIES)),
-       predictor=st.sampled_from(["oracle", "noisy:0.5", "none"]))
+@given(trace=traces(), extra=st.one_of(st.just(0), st.integers(0, 400)), policy=st.sampled_from(sorted(POLICIES)),
+       predictor=st.sampled_from(["oracle", "noisy:0.5", "none", "history", "learned"]))
+@example(trace=TIGHT_BUDGET_CASE, extra=0, policy="infinite", predictor="oracle")
 def test_every_sample_exactly_once_under_kv_budget(trace, extra, policy, predictor):
     max_len = 60
     budget = max(p.prompt_len for p in trace) + max_len + extra
@@ -61,8 +67,32 @@ def test_every_sample_exactly_once_under_kv_budget(trace, extra, policy, predict
     _check_complete(trace, sched)
     if policy != "full":
         assert res.peak_kv_tokens <= budget  # preemption keeps reality inside the budget
-    if policy not in ("full", "plain") and (predictor != "noisy:0.5" or policy in ("naive", "continuous")):
+    exact = predictor in ("oracle", "none")  # the true lengths, or the cap: never less than a sample needs
+    if policy not in ("full", "plain") and (exact or policy in ("naive", "continuous")):
         assert res.preemptions == 0  # exact or worst-case reservations never overflow
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("predictor", ["oracle", "noisy:0.5", "none", "history", "learned"])
+def test_a_budget_of_one_sample_never_stalls(policy, predictor):
+    """The smallest budget the scheduler accepts (one prompt plus one response of the cap) runs to the end under
+    every policy and predictor: whenever the engine is empty, some sample starts."""
+    res, sched = simulate(TIGHT_BUDGET_CASE, policy, KVBudget(15 + 60), predictor, max_len=60, return_scheduler=True)
+    _check_complete(TIGHT_BUDGET_CASE, sched)
+    if policy != "full":
+        assert res.peak_kv_tokens <= 75
+
+
+def test_an_idle_engine_starts_the_planned_head_at_once():
+    """The skyline plan of the tight case has a gap with nothing running; the scheduler starts the next planned
+    sample at once instead of idling through it, so no step passes with nothing decoding."""
+    res, sched = simulate(TIGHT_BUDGET_CASE, "infinite", KVBudget(75), "oracle", max_len=60, return_scheduler=True)
+    busy = sorted((s.admitted_at, s.finished_at) for g in sched.results() for s in g)
+    covered = 0
+    for start, end in busy:
+        assert start <= covered, f"nothing ran from step {covered} to {start}"
+        covered = max(covered, end)
+    assert covered == res.decode_steps
 
 
 def test_underpredicted_lengths_preempt_and_the_cost_is_counted():

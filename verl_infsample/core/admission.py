@@ -47,6 +47,15 @@ class PlannedOrderAdmission:
         self._refilling(s)
         return heapq.heappop(self._shortest)[-1]
 
+    def select_when_idle(self, fits: Fits, now: int) -> Sample | None:
+        """Nothing runs: the head starts now, whatever its planned start (a plan's gap is never worth an idle
+        engine); the plan's later starts keep their gaps from this one."""
+        head = self._head()
+        if head is None or not fits(head):
+            return None
+        self._admitting_head(head, now)
+        return self.queue.popleft()
+
     def _gate_now(self, head: Sample, now: int) -> int | None:
         """The step before which ``head`` may not start, or None: an order alone holds nothing back."""
         return None

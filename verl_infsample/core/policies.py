@@ -66,6 +66,12 @@ class Policy:
             return self.queue.popleft()
         return None
 
+    def select_when_idle(self, fits: Fits, now: int) -> Sample | None:
+        """The sample to start at decode step ``now`` when nothing runs and ``select`` chose none: a plan's timing
+        may hold a sample back while others run, never while the engine idles. Any sample fits an empty engine
+        (``Capacity.check_fits``), so the scheduler never stalls."""
+        return self.select(fits, now)
+
     def wake_at(self, now: int) -> int | None:
         """A later step at which ``select`` may admit even if nothing retires before (a planned start), or None."""
         return None
@@ -269,6 +275,9 @@ class InfiniteSamplingPolicy(Policy):
 
     def select(self, fits: Fits, now: int) -> Sample | None:
         return self._admission.select(fits, now)
+
+    def select_when_idle(self, fits: Fits, now: int) -> Sample | None:
+        return self._admission.select_when_idle(fits, now)
 
     def wake_at(self, now: int) -> int | None:
         return self._admission.wake_at(now)

@@ -288,6 +288,11 @@ class Scheduler:
                 admitted.append(s)
         finally:
             self._admitting, self._arrays = False, None
+        if not self.running and not self.done:  # an empty engine never idles: the policy's first sample starts now
+            s = self.policy.select_when_idle(fits, self.stats.decode_steps)
+            if s is not None:
+                self._start(s)
+                admitted.append(s)
         if not self.running and not self.done:
             raise RuntimeError(f"policy {self.policy.name!r} admitted nothing with the engine empty and "
                                f"{len(self.samples) - self._finished} samples waiting under {self.capacity}: "
