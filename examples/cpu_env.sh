@@ -1,6 +1,6 @@
 # Sourced by examples/*/run_grpo_cpu.sh: what makes verl's trainer run on the CPU (2 cores are enough).
 #
-# Sets ROOT, PYTHON, MODEL_PATH (the tiny offline Qwen3 of verl_infsample.models.tiny, built once and cached under
+# Sets ROOT, PYTHON, MODEL_PATH (the tiny offline Qwen3 of infsample_lab.models.tiny, built once and cached under
 # .cache/tiny-model) and the bash array CPU_OVERRIDES (Hydra overrides appended after a GPU script's own, so they
 # win). Knobs (environment): STEPS (2), N (rollout.n, 32), BATCH (prompts per step, 2), NGPUS (logical GPUs = FSDP
 # ranks = rollout replicas, 1), PROMPT_LEN (512), RESPONSE_LEN (48), SLOTS (samples decoded at once per replica, 16),
@@ -41,7 +41,7 @@ SLOTS="${SLOTS:-16}"
 ROLLOUT="${ROLLOUT:-infinite}"
 ENGINE="${ENGINE:-auto}"
 
-MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from verl_infsample.models.tiny import tiny_model_path; print(tiny_model_path())')}"
+MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from infsample_lab.models.tiny import tiny_model_path; print(tiny_model_path())')}"
 
 # bf16 matmuls are several times slower than fp32 on most CPUs: train and score in fp32 (the server decodes in fp32,
 # so rollout and trainer log-probs agree to ~1e-6)

@@ -13,7 +13,7 @@ import json
 import random
 import time
 
-from verl_infsample.integration.rollout.vllm_order import VLLMRequestOrder
+from verl_infsample.integration.rollout.vllm.order import VLLMRequestOrder
 from verl_infsample.predict import make_predictor
 from verl_infsample.predict.features import TokenWindow
 

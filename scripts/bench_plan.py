@@ -14,8 +14,8 @@ alternated, not one against a figure from another day.
 import argparse
 import json
 
-from verl_infsample.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
-from verl_infsample.bench.report import format_table, progress
+from infsample_lab.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
+from verl_infsample.report import format_table, progress
 from verl_infsample.core import KVBudget, PagedKVBudget, synth_trace
 from verl_infsample.predict import make_predictor
 from verl_infsample.core.predictor import HistoryPredictor

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from verl_infsample.bench.report import format_table, progress
+from verl_infsample.report import format_table, progress
 from verl_infsample.core import SlotPool, fptas_schedule, synth_trace
 from verl_infsample.engines import simulate
 

@@ -21,8 +21,8 @@ import json
 
 import numpy as np
 
-from verl_infsample.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
-from verl_infsample.bench.report import format_table, progress
+from infsample_lab.bench.engine import recorded_lengths, recorded_trace, warm_on_recorded
+from verl_infsample.report import format_table, progress
 from verl_infsample.core import KVBudget, SlotPool
 from verl_infsample.core.predictor import HistoryPredictor
 from verl_infsample.predict import make_predictor

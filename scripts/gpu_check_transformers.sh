@@ -3,7 +3,7 @@
 #   scripts/gpu_check_transformers.sh            one GPU, $PYTHON (default python3) with torch + transformers:
 #                                                Qwen3-1.7B shape, random weights, rollout.n in {32, 256, 1024}
 #   scripts/gpu_check_transformers.sh --dry-run  CPU: .venv/ (make setup), tiny Qwen3 shape, n in {8, 32}
-# Extra arguments go to `python -m verl_infsample.bench.gpu_check_transformers` (--help lists them). Nothing is
+# Extra arguments go to `python -m infsample_lab.bench.gpu_check_transformers` (--help lists them). Nothing is
 # downloaded. This is the GPU check a machine without vLLM can run (scripts/gpu_check.sh needs vLLM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,4 @@ fi
     exit 2
 }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec timeout 480 "$PYTHON" -m verl_infsample.bench.gpu_check_transformers "$@"
+exec timeout 480 "$PYTHON" -m infsample_lab.bench.gpu_check_transformers "$@"

@@ -5,7 +5,7 @@ prompts' first visit; step 1: their revisit, the predictors having seen step 0),
 preemptions are vLLM's scheduler's (exact); seconds are the cost model's (modeled).
 
     python scripts/replay_table.py [--replicas 1,8] [--n 16,64] [--caps 4096,16384] [--pools ample,tight]
-        [--samples-per-replica 1024] [--predictors history] [--late-buffer 0.25] [--seed 101] [--json | --markdown]
+        [--samples-per-replica 1024] [--predictors history] [--seed 101] [--json | --markdown]
 
 ``--predictors``: ``infinite`` runs once per predictor (``noisy:SIGMA`` stands in for a token-conditioned predictor
 of that log-error, revealed after each sample's probe of ``--probe-tokens``); ``gap_closed``: the share of the
@@ -22,9 +22,9 @@ import json
 import sys
 import time
 
-from verl_infsample.bench.report import format_table, progress
+from verl_infsample.report import format_table, progress
 from verl_infsample.core.trace import synth_rl_trace
-from verl_infsample.replay.runner import ReplayConfig, replay
+from infsample_lab.replay.runner import ReplayConfig, replay
 
 POOLS = {"ample": 0.9, "tight": 0.5}
 
@@ -41,8 +41,6 @@ def main(argv=None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--predictors", default="history", help="comma-separated: infinite runs once per predictor")
     p.add_argument("--probe-tokens", type=int, default=16)
-    p.add_argument("--late-buffer", type=float, default=0.25,
-                   help="infinite-late: requests waiting in each vLLM beyond --max-num-seqs, a share of it")
     p.add_argument("--router", default="verl", help="infinite's router: verl (the product's on vLLM) or group_affinity")
     p.add_argument("--backends", default="vllm,infinite,oracle,transformers")
     p.add_argument("--seed", type=int, default=101)
@@ -65,7 +63,7 @@ def main(argv=None) -> int:
             config = ReplayConfig(gpu=args.gpu, model=args.model, replicas=replicas,
                                   gpu_memory_utilization=POOLS[pool], max_num_seqs=args.max_num_seqs,
                                   predictor=predictor, router=args.router, seed=args.seed,
-                                  probe_tokens=args.probe_tokens, late_buffer=args.late_buffer,
+                                  probe_tokens=args.probe_tokens,
                                   backends=run_backends)
             out += replay(trace, config)[0]
         wall = time.perf_counter() - t

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from verl_infsample.bench.report import format_table
+from verl_infsample.report import format_table
 from verl_infsample.core import SlotPool, synth_trace
 from verl_infsample.engines import simulate
 

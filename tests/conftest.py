@@ -97,7 +97,7 @@ def rng():
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """The project's tiny Qwen3 checkpoint (built once, cached under .cache/tiny-model/)."""
-    from verl_infsample.models.tiny import tiny_model_path
+    from infsample_lab.models.tiny import tiny_model_path
 
     return str(tiny_model_path())
 
@@ -105,7 +105,7 @@ def tiny_model_dir():
 @pytest.fixture(scope="session")
 def tiny_tools_model_dir():
     """The tiny "tools" model, which calls a calculator (built once, cached under .cache/tiny-model-tools/)."""
-    from verl_infsample.models.tiny import tiny_model_path
+    from infsample_lab.models.tiny import tiny_model_path
 
     return str(tiny_model_path(variant="tools"))
 
@@ -122,7 +122,7 @@ def tiny_prompts(tiny_model_dir):
     """Chat-formatted token ids of held-out prompts, and the stop ids (eos, pad)."""
     from transformers import AutoTokenizer
 
-    from verl_infsample.models.tiny import default_prompts
+    from infsample_lab.models.tiny import default_prompts
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from verl_infsample.tasks import chains, compute_score
-from verl_infsample.tasks.chains import GUESS_RIGHT, chain_answer, guess_or_count
+from infsample_lab.tasks import chains, compute_score
+from infsample_lab.tasks.chains import GUESS_RIGHT, chain_answer, guess_or_count
 
 
 @pytest.mark.parametrize("prompt, answer", [("add 41 and 7", 48), ("what is 5 times 3", 15), ("count to 9", 9)])
@@ -44,8 +44,8 @@ def test_rows_carry_the_right_answer_as_ground_truth():
 
 
 def test_the_demo_table_reads_verls_step_lines():
-    from verl_infsample.bench.in_verl import parse_step_lines
-    from verl_infsample.demo import step_rows
+    from infsample_lab.bench.in_verl import parse_step_lines
+    from infsample_lab.demo import step_rows
 
     line = ("(TaskRunnerV1 pid=1) step:2 - critic/score/mean:np.float64(0.5) - response_length/mean:9.5 - "
             "infsample/wall_s:1.25 - infsample/decode_steps:110 - infsample/lower_bound_steps:100 - "

@@ -76,8 +76,8 @@ def test_core_imports_without_torch_ray_or_verl():
 
 
 def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path):
-    from verl_infsample.bench.in_verl import VerlBenchRow, with_ratios
-    from verl_infsample.bench.plots import plot_bench_verl
+    from infsample_lab.bench.in_verl import VerlBenchRow, with_ratios
+    from infsample_lab.bench.plots import plot_bench_verl
 
     def row(backend, n, gen_s, steps):
         return VerlBenchRow(backend=backend, n=n, prompts=128 // n, samples=128, gen_s=gen_s, engine_steps=steps,
@@ -95,8 +95,8 @@ def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path
 def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
     """Under --repeats, a run's ratios are against verl's run of the same repeat, and the summary gives per backend
     and n the median and the range one run shows."""
-    from verl_infsample.bench.in_verl import VerlBenchRow, repeat_summary, with_ratios
-    from verl_infsample.bench.plots import plot_bench_verl
+    from infsample_lab.bench.in_verl import VerlBenchRow, repeat_summary, with_ratios
+    from infsample_lab.bench.plots import plot_bench_verl
 
     def row(backend, steps, repeat):
         return VerlBenchRow(backend=backend, n=16, prompts=8, samples=128, gen_s=steps / 100, engine_steps=steps,
@@ -118,7 +118,7 @@ def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
 def test_bench_verl_repeats_alternate_the_backends_and_print_the_summary(monkeypatch, capsys):
     """--repeats 2: the runs go verl, ours, verl, ours (machine drift hits both alike); the table has a repeat column
     and the summary one line per backend. The trainer run itself is faked (``fake_run_one``): the rest is the CLI's."""
-    from verl_infsample.bench import in_verl
+    from infsample_lab.bench import in_verl
 
     calls = []
 
@@ -144,7 +144,7 @@ def test_bench_verl_repeats_alternate_the_backends_and_print_the_summary(monkeyp
 def test_bench_verl_row_bounds_each_training_step_on_its_own():
     """A run's row from verl's console lines: totals over its steps, and per step its engine steps and its lower
     bound, max(longest response, ceil(generated tokens / max_num_seqs))."""
-    from verl_infsample.bench.in_verl import parse_step_lines, row_from_steps
+    from infsample_lab.bench.in_verl import parse_step_lines, row_from_steps
 
     lines = ("(TaskRunnerV1 pid=1) step:2 - infsample/decode_steps:300 - infsample/total_tokens:1000 - "
              "response_length/max:160 - infsample/samples:128 - infsample/peak_kv_blocks:12 - timing_s/gen:1.0 - "

@@ -71,13 +71,13 @@ PROBE = """
 
 def test_without_opt_in_nothing_changes():
     out = _run(PROBE)
-    assert out == {"plugin_loaded": "InfiniteRolloutAdapter", "cpu_registered": False, "pg_patched": False,
+    assert out == {"plugin_loaded": "make_rollout_adapter", "cpu_registered": False, "pg_patched": False,
                    "pg_patched_in_workers": False, "offload_patched": False, "cpu_engine": False}
 
 
 def test_opt_in_registers_platform_patches_and_engine():
     out = _run(PROBE, VERL_INFSAMPLE_CPU="1")  # VERL_PLATFORM=cpu opts in too: test_opted_in_reads_both_switches
-    assert out == {"plugin_loaded": "InfiniteRolloutAdapter", "cpu_registered": True, "pg_patched": True,
+    assert out == {"plugin_loaded": "make_rollout_adapter", "cpu_registered": True, "pg_patched": True,
                    "pg_patched_in_workers": True, "offload_patched": True, "cpu_engine": True}
 
 

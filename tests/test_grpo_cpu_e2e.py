@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_infsample.bench.in_verl import parse_step_lines
+from infsample_lab.bench.in_verl import parse_step_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
@@ -64,7 +64,7 @@ def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) 
 
 
 def test_merge_rollout_metrics():
-    from verl_infsample.integration.rollout.server import merge_rollout_metrics
+    from verl_infsample.integration.rollout.metrics import merge_rollout_metrics
 
     b1 = {"infsample/samples": 40, "infsample/decode_steps": 50, "infsample/wall_s": 1.0, "infsample/plan_ms": 2.0,
           "infsample/peak_kv_bytes": 100, "infsample/preemptions": 1, "infsample/batches": 1,

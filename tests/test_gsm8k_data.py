@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl_infsample.tasks import gsm8k
+from infsample_lab.tasks import gsm8k
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}

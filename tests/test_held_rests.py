@@ -50,7 +50,7 @@ def server(monkeypatch, tiny_model_dir):
     verl's ``generate`` and ``abort_all_requests`` answered by the stand-in."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
-    from verl_infsample.integration.rollout.vllm_server import InfiniteVLLMServer
+    from verl_infsample.integration.rollout.vllm.server import InfiniteVLLMServer
 
     cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.custom.engine=vllm",
                   "actor_rollout_ref.rollout.custom.slots=2", "actor_rollout_ref.rollout.n=6",
@@ -80,7 +80,7 @@ async def _six_requests_probes_back(server, probes: int) -> list:
 def test_the_engine_keeps_kv_free_at_admission_unless_the_user_set_it(server):
     """Probed rests run longest first: the server builds vLLM with its ``watermark``; a user's
     ``rollout.engine_kwargs.vllm.watermark`` wins."""
-    from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK
+    from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK
 
     built = {}
     server._preprocess_engine_kwargs(built)
@@ -157,7 +157,7 @@ def test_slots_vllm_left_free_while_rests_were_held_widen_the_room(server):
     step with requests waiting in vLLM, or none held here, changes nothing."""
     from vllm.v1.metrics.stats import SchedulerStats
 
-    from verl_infsample.integration.rollout import vllm_stats
+    from verl_infsample.integration.rollout.vllm import stats as vllm_stats
 
     async def scenario():
         vllm, order = server.vllm, server.order

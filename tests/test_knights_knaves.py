@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_infsample.tasks import compute_score as dispatch_score
-from verl_infsample.tasks import knights_knaves as kk
+from infsample_lab.tasks import compute_score as dispatch_score
+from infsample_lab.tasks import knights_knaves as kk
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
@@ -240,7 +240,7 @@ def test_prepare_data_parquet_round_trip(tmp_path):
 
 
 def test_tasks_import_without_torch_or_verl():
-    code = ("import sys, verl_infsample.tasks; "
+    code = ("import sys, infsample_lab.tasks; "
             "bad = [m for m in ('torch', 'ray', 'verl', 'datasets') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -17,7 +17,7 @@ from verl_infsample.core.sample import Group, Sample
 from verl_infsample.core.trace import TracePrompt, read_trace, synth_trace, write_trace
 from verl_infsample.engines.simulated import simulate
 from verl_infsample.predict import LearnedPredictor, TokenWindow
-from verl_infsample.bench.predictor import kendall_tau, replay_with_predictions
+from infsample_lab.bench.predictor import kendall_tau, replay_with_predictions
 from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError
 
 
@@ -270,8 +270,8 @@ def tiny_rollouts(tiny_model_dir, tiny_engine):
     from transformers import AutoTokenizer
 
     from verl_infsample.engines.sampling import SamplingParams
-    from verl_infsample.models.tiny import default_prompts
-    from verl_infsample.bench.predictor import record_rollout
+    from infsample_lab.models.tiny import default_prompts
+    from infsample_lab.bench.predictor import record_rollout
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     texts = default_prompts(6, seed=777)
@@ -395,8 +395,8 @@ def test_the_evaluation_plot_draws_every_scored_sample(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verl_infsample.bench.plots import plot_predictor_evaluation
-    from verl_infsample.bench.predictor import evaluate_predictor
+    from infsample_lab.bench.plots import plot_predictor_evaluation
+    from infsample_lab.bench.predictor import evaluate_predictor
 
     train = [_token_trace(8, 16, seed) for seed in range(3)]
     result, _ = evaluate_predictor(train, _token_trace(4, 16, 98), k=8, max_len=200)
@@ -420,7 +420,7 @@ def test_the_evaluation_plot_draws_every_scored_sample(tmp_path, monkeypatch):
 def tiny_modes_model_dir():
     """The "modes" tiny model (answers: direct / count / step, drawn per sample), built once (~2 min of one core)
     into ``.cache/tiny-model-modes/`` and reused."""
-    from verl_infsample.models.tiny import tiny_model_path
+    from infsample_lab.models.tiny import tiny_model_path
 
     return str(tiny_model_path(variant="modes"))
 
@@ -429,7 +429,7 @@ def test_modes_variant_first_tokens_tell_the_length(tiny_modes_model_dir):
     """Where a sample's first tokens announce its length (as a real LLM's "Let me think step by step" does), the
     learned predictor ranks held-out samples at k=8 far better than history (which, on unseen prompts, knows only
     the global mean: tau 0). The default tiny model, whose answers end almost at random, reaches ~0.1 here."""
-    from verl_infsample.bench.predictor import evaluate_predictor, model_rollouts
+    from infsample_lab.bench.predictor import evaluate_predictor, model_rollouts
 
     rollouts = model_rollouts(tiny_modes_model_dir, train_rollouts=3, train_prompts=8, train_group=16,
                               test_prompts=8, test_group=16, max_new_tokens=64, seed=0)
@@ -470,8 +470,8 @@ def test_the_monte_carlo_ceiling_is_exact_for_a_greedy_model(tiny_modes_model_di
 
     from verl_infsample.engines.sampling import SamplingParams
     from verl_infsample.engines.transformers_engine import TransformersEngine
-    from verl_infsample.models.tiny import model_prompts
-    from verl_infsample.bench.predictor import ceiling_predictions, record_rollout
+    from infsample_lab.models.tiny import model_prompts
+    from infsample_lab.bench.predictor import ceiling_predictions, record_rollout
 
     tok = AutoTokenizer.from_pretrained(tiny_modes_model_dir)
     engine = TransformersEngine.from_pretrained(tiny_modes_model_dir)

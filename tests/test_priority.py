@@ -1,8 +1,8 @@
-"""The plan as vLLM request priorities (``core.priority``): lower runs first, equal ones by arrival."""
+"""The plan as vLLM request priorities (``vllm.priority``): lower runs first, equal ones by arrival."""
 
 import pytest
 
-from verl_infsample.core.priority import StepPriorities
+from verl_infsample.integration.rollout.vllm.priority import StepPriorities
 
 
 def test_arrival_is_first_come_first_served():
@@ -45,7 +45,7 @@ def test_a_groups_prediction_keeps_whole_requests_in_group_order_its_own_ranks_t
     or a probe's rest) run longest first; probes rank by their group's prediction, before everything."""
     from verl_infsample.core.predictor import HistoryPredictor, OraclePredictor
     from verl_infsample.core.sample import Group, Sample
-    from verl_infsample.integration.rollout.vllm_order import VLLMRequestOrder
+    from verl_infsample.integration.rollout.vllm.order import VLLMRequestOrder
 
     short, long_ = [1] * 8, [2] * 8
     history = VLLMRequestOrder("longest_first", HistoryPredictor(max_len=1000))

@@ -1,12 +1,12 @@
-"""A sample decoded as its probe and its rest (``integration.rollout.probe``, ``vllm_order``): which requests may be
+"""A sample decoded as its probe and its rest (``integration.rollout.vllm.probe``, ``vllm.order``): which requests may be
 split, how their parameters split, how verl gets one response back, and where probes and rests stand in the plan."""
 
 import pytest
 
-from verl_infsample.core.priority import StepPriorities
+from verl_infsample.integration.rollout.vllm.priority import StepPriorities
 from verl_infsample.core.predictor import HistoryPredictor
-from verl_infsample.integration.rollout import probe
-from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK, VLLMRequestOrder
+from verl_infsample.integration.rollout.vllm import probe
+from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK, VLLMRequestOrder
 from verl_infsample.predict import make_predictor
 from verl_infsample.predict.features import TokenWindow
 

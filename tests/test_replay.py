@@ -15,9 +15,9 @@ import pytest
 
 from verl_infsample.cli import main as cli
 from verl_infsample.core.trace import TraceError, read_trace, rollout_steps, synth_rl_trace, write_trace
-from verl_infsample.replay.backends import agent_loop_arrivals, make_backend, step_samples
-from verl_infsample.replay.hardware import GPUS, MODELS, Calibration, StepCostModel
-from verl_infsample.replay.vllm_replica import (ReplayError, ReplayRequest, ReplicaReplay, ReplicaSetup,
+from infsample_lab.replay.backends import agent_loop_arrivals, make_backend, step_samples
+from infsample_lab.replay.hardware import GPUS, MODELS, Calibration, StepCostModel
+from infsample_lab.replay.vllm_replica import (ReplayError, ReplayRequest, ReplicaReplay, ReplicaSetup,
                                                 model_config_dir, prompt_token_ids)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,9 +45,9 @@ def test_replay_equals_real_vllm_cpu(tiny_model_dir):
 def test_the_replay_builds_vllm_as_each_backends_servers_do():
     """verl's rollout leaves vLLM's watermark at 0; ``infinite`` keeps the server's where it ranks samples by their
     own predictions, not where it ranks groups by their history; and the replayed scheduler keeps that many blocks."""
-    from verl_infsample.integration.rollout.vllm_order import REST_WATERMARK
-    from verl_infsample.replay.backends import make_backend
-    from verl_infsample.replay.vllm_replica import build_scheduler
+    from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK
+    from infsample_lab.replay.backends import make_backend
+    from infsample_lab.replay.vllm_replica import build_scheduler
 
     assert make_backend("vllm", 1, "history", 64).watermark == 0.0
     assert make_backend("infinite", 1, "history", 64).watermark == 0.0
@@ -147,7 +147,7 @@ def test_the_transformers_engine_reads_a_groups_prompt_once_and_answers_every_sa
     """The transformers backend: the core scheduler per replica under the replica's pool, a step reading each
     group's prompt KV once (cheaper than every row reading its own copy), every sample answered."""
     from verl_infsample.predict import make_predictor
-    from verl_infsample.replay.transformers_engine import simulate_replica
+    from infsample_lab.replay.transformers_engine import simulate_replica
 
     cost = StepCostModel(GPUS["h200"], QWEN8)
     contexts = np.full(64, 3000.0)
@@ -222,8 +222,7 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
     assert cli([*args, "--plot", str(tmp_path / "p.png")]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(r["backend"], r["step"]) for r in rows] == [
-        (b, s) for s in (0, 1) for b in ("vllm", "infinite", "infinite-late", "infinite-gated", "oracle",
-                                            "transformers")]
+        (b, s) for s in (0, 1) for b in ("vllm", "infinite", "oracle", "transformers")]
     for r in rows:
         for key in ("predictor", "engine_steps", "lower_bound_steps", "model_s", "preemptions", "recomputed_tokens",
                     "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):
@@ -233,38 +232,6 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
     assert cli(args) == 0
     again = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert again == rows
-
-
-def test_late_binding_answers_every_sample_once_and_ends_the_replicas_together():
-    """One queue over two replicas of 4 slots, each holding at most ``room`` requests: every sample (probed ones
-    too) is answered once at its length, and where binding each request at arrival (alternately, as verl's router
-    spreads a burst) leaves one replica all the long samples, the replicas taking the next request when they have
-    room end together and sooner. With room for one request each, a replica decodes one sample at a time."""
-    from verl_infsample.replay.late_binding import replay_late_bound
-
-    setup = ReplicaSetup(num_blocks=400, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024,
-                         scheduling_policy="priority")
-    cost = StepCostModel(GPUS["h200"], QWEN8)
-    tokens = prompt_token_ids("p", 40, QWEN8.vocab)
-    lengths = [300, 20] * 12
-    queue = [ReplayRequest(f"r{i}", tokens, n) for i, n in enumerate(lengths)]
-    queue[5] = ReplayRequest("r5-probe", tokens, 8, rest=ReplayRequest("r5", (), lengths[5] - 8))
-
-    def replica():
-        return ReplicaReplay(model_config_dir(QWEN8), setup, cost, QWEN8.vocab)
-
-    early = [replica().run(queue[i::2]) for i in range(2)]
-    late = replay_late_bound([replica(), replica()], queue, room=5)
-    answered = sorted(f for res in late for f in res.finished)
-    assert answered == sorted((f"r{i}", n) for i, n in enumerate(lengths))
-    assert sum(r.probes for r in late) == 1
-    late_steps, early_steps = [r.engine_steps for r in late], [r.engine_steps for r in early]
-    assert max(late_steps) < max(early_steps) and max(late_steps) - min(late_steps) <= 300 < max(early_steps) - min(
-        early_steps)
-    one_at_a_time = replay_late_bound([replica(), replica()], queue, room=1)
-    assert all(r.running_step_sum == r.engine_steps for r in one_at_a_time)  # one row every step
-    with pytest.raises(ValueError, match="room must be >= 1"):
-        replay_late_bound([replica()], queue, room=0)
 
 
 def test_event_to_event_equals_step_by_step_on_random_settings():
@@ -304,7 +271,7 @@ def test_a_probed_sample_is_answered_once_at_its_length_its_rest_on_the_probes_c
 def test_infinite_learns_each_samples_prediction_after_its_probe():
     """With a trace's prediction (noisy:SIGMA) infinite probes every sample longer than --probe-tokens and runs its
     rest at its own prediction; with --probe-tokens 0 it has the prediction at submission, and runs whole."""
-    from verl_infsample.replay.runner import ReplayConfig, replay
+    from infsample_lab.replay.runner import ReplayConfig, replay
 
     trace = synth_rl_trace(4, 8, 600, steps=1, median=150, seed=3)
     common = dict(replicas=1, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512, backends=("infinite",),
@@ -350,7 +317,7 @@ def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_pat
     prediction: a group's samples that open the way long ones did before run first, which a trace without openings
     cannot show (refused by name)."""
     from verl_infsample.core.trace import TracePrompt
-    from verl_infsample.replay.runner import ReplayConfig, replay
+    from infsample_lab.replay.runner import ReplayConfig, replay
 
     def step(k):  # four prompts; samples opening with token 9 run 120 tokens, those opening with 5 run 20; the two
         # long ones are in the last prompt to arrive, where an order blind to them starts them last; every step
@@ -384,8 +351,8 @@ def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_pat
 def test_the_held_order_is_checked_against_the_fptas_plan():
     """``check_plan`` counts each check and keeps the worst ratio of longest first's planned makespan to the FPTAS
     plan's: 7 against 6 where LPT is not optimal (3, 3 | 2, 2, 2 on two slots), 1 where it is."""
-    from verl_infsample.replay.held_rests import check_plan
-    from verl_infsample.replay.vllm_replica import ReplicaResult
+    from infsample_lab.replay.held_rests import check_plan
+    from infsample_lab.replay.vllm_replica import ReplicaResult
 
     res = ReplicaResult()
     check_plan([4.0, 3.0, 3.0, 2.0], 2, res)  # LPT: 4+2 | 3+3, optimal
@@ -399,7 +366,7 @@ def test_the_held_order_is_checked_against_the_fptas_plan():
 def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():
     """A replay that raises mid-step (here its progress callback) ends the kept worker pool, jobs still queued in it
     included, so the next replay starts on a fresh pool and gives the same figures as an undisturbed one."""
-    from verl_infsample.replay import runner
+    from infsample_lab.replay import runner
 
     trace = synth_rl_trace(4, 8, 600, steps=1, median=150, seed=3)
     config = runner.ReplayConfig(replicas=1, max_num_seqs=8, num_blocks=400, max_num_batched_tokens=512,

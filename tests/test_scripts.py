@@ -67,7 +67,7 @@ def test_the_transformers_gpu_check_dry_run(capsys, tmp_path):
     """gpu_check_transformers --dry-run (what scripts/gpu_check_transformers.sh --dry-run runs): the GPU check's
     comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV budget
     and draw exactly full's tokens."""
-    from verl_infsample.bench import gpu_check_transformers
+    from infsample_lab.bench import gpu_check_transformers
 
     assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf", "--out", str(tmp_path / "r.json")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -90,7 +90,7 @@ def test_a_gpu_check_report_is_drawn_per_path_against_rollout_n(tmp_path, monkey
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verl_infsample.bench import gpu_check_transformers
+    from infsample_lab.bench import gpu_check_transformers
 
     def path(kv, steps):
         return {"peak_gpu_memory_bytes": None, "peak_kv_bytes": kv, "decode_steps": steps}
@@ -120,7 +120,7 @@ def test_the_bench_seed_sweep_replays_the_engines_lengths():
     reach it here, and the quantile variant predicts the quantile of the prompt's earlier lengths."""
     import math
 
-    from verl_infsample.bench.engine import recorded_lengths
+    from infsample_lab.bench.engine import recorded_lengths
     from verl_infsample.core.sample import Group
 
     module = _script("bench_seed_sweep")
@@ -145,7 +145,7 @@ def test_the_bench_seed_sweep_budget_is_a_share_of_the_engines_full_peak():
     steps than the slot lower bound."""
     import math
 
-    from verl_infsample.bench.engine import bench_workload, recorded_lengths
+    from infsample_lab.bench.engine import bench_workload, recorded_lengths
     from verl_infsample.core import SlotPool
 
     module = _script("bench_seed_sweep")
@@ -193,9 +193,9 @@ def test_the_plan_size_benchmark_prints_a_row_per_m(capsys):
         assert "fptas" in r["plan_method"] or "lpt" in r["plan_method"], r["plan_method"]  # the plan, no fallback
 
 
-def test_the_simulator_figures_script_reproduces_the_readme_table(tmp_path):
+def test_the_simulator_figures_script_reproduces_the_results_table(tmp_path):
     """scripts/sim_figures.sh runs every command it lists, draws its plots, and its first comparison prints the
-    README's table of decode steps (the paper's setting) figure for figure."""
+    table of decode steps in docs/results.md (the paper's setting) figure for figure."""
     import re
     import subprocess
 
@@ -206,7 +206,7 @@ def test_the_simulator_figures_script_reproduces_the_readme_table(tmp_path):
     assert (tmp_path / "paper_slots.png").stat().st_size > 0 and (tmp_path / "batch_kv.png").stat().st_size > 0
     first = run.stdout.split("$ infsample")[2]  # the paper's setting under 8 slots
     printed = {line.split()[0]: line.split()[2:5] for line in first.splitlines()[3:] if line.strip()[:1].isalpha()}
-    readme = (SCRIPTS.parent / "README.md").read_text()
+    readme = (SCRIPTS.parent / "docs" / "results.md").read_text()
     table = readme[readme.index("**Decode steps against the lower bound**"):]
     for policy in ("naive", "continuous", "infinite", "oracle"):
         row = re.search(rf"^\| `{policy}`[^|]*\| (\d+) \| ([\d.]+) \| (\d+) \|$", table, re.M)

@@ -14,7 +14,7 @@ CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 def _server(model_dir, batch_window_ms=0, response_length=24, overrides=()):
     from hydra import compose, initialize_config_dir
 
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     with initialize_config_dir(config_dir=CONFIGS, version_base=None):
         cfg = compose(config_name="infinite_grpo", overrides=[

@@ -21,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from verl_infsample.models import tiny, tiny_build, tiny_recipe, tiny_train  # noqa: E402
+from infsample_lab.models import tiny, tiny_build, tiny_recipe, tiny_train  # noqa: E402
 
 MAX_NEW = 128
 SMALL = dict(train_steps=3, corpus_size=300)  # quick builds for the properties that do not need a trained model
@@ -258,10 +258,10 @@ def test_histogram_plot(tmp_path):
 
 
 def test_import_is_light_and_core_does_not_import_it():
-    code = ("import sys, verl_infsample.models.tiny, verl_infsample.core.scheduler, verl_infsample.cli; "
+    code = ("import sys, infsample_lab.models.tiny, verl_infsample.core.scheduler, verl_infsample.cli; "
             "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    code = "import sys, verl_infsample.core, verl_infsample.cli; print('verl_infsample.models.tiny' in sys.modules)"
+    code = "import sys, verl_infsample.core, verl_infsample.cli; print('infsample_lab.models.tiny' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

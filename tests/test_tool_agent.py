@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_infsample.models import tiny
-from verl_infsample.models.tiny_tools_corpus import (TOOL_TOKENS, render_tool_prompt, tool_call_text,
+from infsample_lab.models import tiny
+from infsample_lab.models.tiny_tools_corpus import (TOOL_TOKENS, render_tool_prompt, tool_call_text,
                                                      tool_response_text, tools_example)
-from verl_infsample.tasks import calculator, compute_score, tool_arithmetic
+from infsample_lab.tasks import calculator, compute_score, tool_arithmetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "examples" / "tools"
@@ -172,7 +172,7 @@ def test_calculator_responses():
 
 
 def test_calculator_as_a_verl_base_tool():
-    from verl_infsample.tasks.calculator_tool import CalculatorTool
+    from infsample_lab.tasks.calculator_tool import CalculatorTool
 
     tool = CalculatorTool(config={"type": "native"})
     assert tool.name == "calculator" and tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) == SCHEMA
@@ -243,7 +243,7 @@ def test_the_reward_checks_the_final_answer(response, score):
 # ------------------------------------------------------------------------------------------------ the model
 
 def test_the_tools_model_calls_the_calculator_and_uses_its_answer(tiny_tools_model_dir):
-    from verl_infsample.models.tiny_tools_eval import measure_tool_use
+    from infsample_lab.models.tiny_tools_eval import measure_tool_use
 
     stats = measure_tool_use(tiny_tools_model_dir, n=64, seed=7)
     assert stats.call_rate >= 0.9, stats.examples  # first turns verl's HermesToolParser parses

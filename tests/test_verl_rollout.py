@@ -17,7 +17,7 @@ def test_entry_point_registers_without_any_import_of_ours():
             "from verl.workers.rollout.replica import get_rollout_replica_class; "
             "print(get_rollout_class('infinite').__name__, get_rollout_replica_class('infinite').__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["InfiniteRolloutAdapter", "InfiniteReplica"]
+    assert out.stdout.split() == ["make_rollout_adapter", "make_replica"]
 
 
 def test_on_vllm_the_infinite_replica_is_verls_vllm_replica_with_our_server(tiny_model_dir):
@@ -50,7 +50,7 @@ with initialize_config_dir(config_dir={CONFIGS!r}, version_base=None):
     lines = out.stdout.strip().splitlines()
     assert lines[0].split() == ["InfiniteVLLMReplica", "vLLMReplica", "infinite_", "InfiniteVLLMServer",
                                 "vLLMHttpServer"]
-    assert lines[1] == "InfiniteReplica InfiniteReplica"  # auto on a machine without accelerators: transformers
+    assert lines[1] == "TransformersReplica TransformersReplica"  # auto on a machine without accelerators: transformers
     assert lines[2] == "refused: actor_rollout_ref.rollout.data_parallel_size=2"
 
 
@@ -152,7 +152,7 @@ def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_
     import torch
 
     from verl_infsample.engines.transformers_engine import TransformersEngine
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     server = InfiniteServer(compose().actor_rollout_ref.rollout, {"path": tiny_model_dir})
     assert isinstance(server.engine, TransformersEngine)
@@ -186,7 +186,7 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
     """verl's lifecycle on an engine with sleep mode: sleep frees weights and KV (level 1: the weights come back as they
     were), release_kv_cache only the KV, wake_up(tags) what it names, and a request that arrives while the engine
     sleeps wakes it before decoding; with rollout.free_cache_engine=false nothing is freed."""
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0",
@@ -217,7 +217,7 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
 def test_server_sleep_after_release_kv_cache_frees_the_weights_too(tiny_model_dir):
     """verl may release the KV (release_kv_cache) and later put the replica to sleep: vLLM sleeps only from an engine
     fully awake, so the server wakes the KV, sleeps, and both stay freed until the next wake_up or request."""
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0").actor_rollout_ref.rollout
@@ -366,7 +366,7 @@ def test_step_seed_draws_fresh_samples_at_each_training_step():
     must not replay the same samples, and the plain seed is kept when verl sends no step."""
     from types import SimpleNamespace
 
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     def seed(base, step):
         return InfiniteServer._step_seed(SimpleNamespace(seed=base, global_steps=step))
@@ -377,9 +377,9 @@ def test_step_seed_draws_fresh_samples_at_each_training_step():
 
 
 def test_worker_placement_puts_a_replica_on_its_workers_node_and_devices():
-    """InfiniteReplica places its server as verl's vLLM replica does: the workers' node, their accelerator ids as the
+    """TransformersReplica places its server as verl's vLLM replica does: the workers' node, their accelerator ids as the
     server's visible devices (none if a worker has none), and a clear error for a replica spread over nodes."""
-    from verl_infsample.integration.rollout.replica import WorkerPlacement
+    from verl_infsample.integration.rollout.placement import WorkerPlacement
 
     assert WorkerPlacement.of([("n1", ["2"]), ("n1", ["3"])], 0) == WorkerPlacement("n1", ("2", "3"))
     assert WorkerPlacement.of([("n1", ["0"]), ("n1", [])], 0) == WorkerPlacement("n1", ())
@@ -391,7 +391,7 @@ def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in
     """verl's agent loop sends a step's requests concurrently, so they reach the server in any order. The server hands
     the engine its groups by prompt and their samples by index whatever the order, so the plan (and the decode steps
     it takes) repeats from run to run, as the tokens do (keyed by sample index)."""
-    from verl_infsample.integration.rollout.server import InfiniteServer
+    from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
     rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=12",
                       "actor_rollout_ref.rollout.custom.slots=3").actor_rollout_ref.rollout

@@ -1,4 +1,4 @@
-"""The group-affinity router, aborts and sleep/wake_up, through verl's real parts: Ray local, two ``InfiniteReplica``
+"""The group-affinity router, aborts and sleep/wake_up, through verl's real parts: Ray local, two ``TransformersReplica``
 servers started by verl's ``LLMServerManager``, verl's ``LLMServerClient`` and its default router next to ours."""
 
 import asyncio
@@ -120,7 +120,7 @@ def test_router_config_errors_name_the_key(key, value, message):
 def router_prompts(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from verl_infsample.models.tiny import default_prompts
+    from infsample_lab.models.tiny import default_prompts
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_without_vllm_the_engine_says_what_to_install(monkeypatch):
-    from verl_infsample.engines.vllm_engine import INSTALL_HINT, VLLMEngine, request_seed
+    from infsample_lab.bench.vllm_engine import INSTALL_HINT, VLLMEngine, request_seed
 
     assert request_seed(0, "p", 3) == request_seed(0, "p", 3) != request_seed(0, "p", 4)
     assert 0 <= request_seed(7, "q", 1, resumed_at=5) < 2**63

@@ -17,7 +17,7 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.stats import IterationStats, SchedulerStats
         from verl.workers.rollout.vllm_rollout import vllm_async_server as server
-        from verl_infsample.integration.rollout import vllm_stats
+        from verl_infsample.integration.rollout.vllm import stats as vllm_stats
 
         assert server.AsyncLLM is AsyncLLM
         vllm_stats.instrument(server)
@@ -118,7 +118,7 @@ def test_requests_are_seeded_by_prompt_and_arrival_rank_afresh_each_step():
     import asyncio
     import types
 
-    from verl_infsample.integration.rollout.request_seeds import seed_requests
+    from infsample_lab.bench.request_seeds import seed_requests
 
     class FakeServerRecordingParams:
         def __init__(self):

@@ -2,130 +2,25 @@
 
 ``register()`` puts the rollout backend ``infinite`` into verl's registries; verl calls it through the
 ``verl.plugins`` entry point, and user code may call it too (it is idempotent). ``router_config_path()`` names the
-group-affinity router's yaml for ``actor_rollout_ref.rollout.router_config_path``.
+group-affinity router's yaml for ``actor_rollout_ref.rollout.router_config_path``. Both live in
+``integration.plugin``, imported only when called, so ``import verl_infsample`` stays light.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 __version__ = "0.1.0"
 __all__ = ["register", "router_config_path", "__version__"]
-ROUTERS = {"group_affinity": "integration/rollout/group_affinity_router.yaml"}
-
-logger = logging.getLogger(__name__)
-_registered = False
 
 
 def register() -> None:
-    """Register ``rollout.name=infinite`` with verl (worker-side rollout class, driver-side replica class) and the
-    V1 trainer mode ``infinite_sync`` (once verl imports its V1 trainers), and check
-    ``actor_rollout_ref.rollout.custom.*`` when verl validates its config, before Ray starts."""
-    global _registered
-    if _registered:
-        return
-    from verl.utils import config as verl_config
-    from verl.workers.rollout import base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    """Register ``rollout.name=infinite`` with verl (see ``integration.plugin``)."""
+    from .integration.plugin import register as register_with_verl
 
-    base._ROLLOUT_REGISTRY[("infinite", "async")] = "verl_infsample.integration.rollout.adapter.InfiniteRolloutAdapter"
-
-    def load_replica():
-        from .integration.rollout.replica import InfiniteReplica
-
-        return InfiniteReplica
-
-    RolloutReplicaRegistry.register("infinite", load_replica)
-    from omegaconf import OmegaConf
-
-    # configs/infinite_grpo.yaml: router_config_path: ${infsample.router_config:group_affinity,<engine>,<device>}
-    OmegaConf.register_new_resolver("infsample.router_config", router_config_path, replace=True)
-    # trainer.v1.trainer_mode=infinite_sync (integration.balance): registered in whichever process imports verl's V1
-    # trainers (the TaskRunner actor), when it does, so no other process pays for that import.
-    from .integration.import_hooks import when_imported
-
-    when_imported("verl.trainer.ppo.v1", _register_trainer_mode)
-    from .integration.rollout.request_seeds import seed_requests_when_asked
-    from .integration.rollout.vllm_stats import instrument_when_asked
-
-    instrument_when_asked()  # verl's own vLLM server reports the same step figures as ours (infsample bench-verl)
-    seed_requests_when_asked()  # and, for a like-for-like comparison, draws the same tokens
-    if not getattr(verl_config.validate_config, "_infsample", False):
-        verl_config.validate_config = _validating(verl_config.validate_config)
-    _registered = True
-    logger.info("verl-infsample %s registered rollout backend 'infinite'", __version__)
+    register_with_verl()
 
 
 def router_config_path(name: str = "group_affinity", engine: str | None = None, device: str | None = None) -> str | None:
-    """Absolute path of a router yaml shipped with the package, for ``actor_rollout_ref.rollout.router_config_path``
-    (verl's router hook; ``group_affinity``: ``integration.rollout.router.GroupAffinityRouter``).
+    """Absolute path of a router yaml shipped with the package (see ``integration.plugin.router_config_path``)."""
+    from .integration.plugin import router_config_path as path
 
-    Given the rollout's ``custom.engine`` (and ``trainer.device``, which ``auto`` follows), None where the engine is
-    vLLM: there each server orders its samples by their own predictions, and verl's router, which spreads requests
-    evenly, keeps the replicas' work even; placing whole groups by their prompt's history does not (``infsample
-    replay --router``)."""
-    if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
-    if engine is not None:
-        import importlib.util
-
-        from .integration.settings import choose_engine
-
-        if choose_engine(engine, accelerator=str(device or "cuda") != "cpu",
-                         vllm_installed=importlib.util.find_spec("vllm") is not None) == "vllm":
-            return None
-    return str(Path(__file__).resolve().parent / ROUTERS[name])
-
-
-def _register_trainer_mode(_v1_module) -> None:
-    """Runs inside verl's import of ``verl.trainer.ppo.v1``: a failure here is logged, never raised into verl."""
-    import importlib
-
-    try:
-        importlib.import_module("verl_infsample.integration.balance")  # registers on import (idempotent)
-    except Exception:  # noqa: BLE001 - verl must keep working without our trainer mode
-        logger.warning("verl-infsample: could not register trainer mode 'infinite_sync'", exc_info=True)
-
-
-def _validating(validate_config):
-    """Ours for rollout.name=infinite, then verl's validate_config: a bad custom key fails before Ray starts."""
-
-    def validate(config, *args, **kwargs):
-        rollout = config.actor_rollout_ref.rollout
-        if rollout.get("name") == "infinite":
-            import importlib.util
-
-            from .integration.settings import (check_transformers_engine_serves, check_vllm_engine_serves,
-                                               choose_engine, settings_from_rollout, vllm_ordering)
-
-            settings = settings_from_rollout(rollout)
-            if settings.engine == "vllm":  # with auto, the server checks once the engine is known
-                vllm_ordering(settings)
-            engine = choose_engine(settings.engine, accelerator=str(config.trainer.get("device", "cuda")) != "cpu",
-                                   vllm_installed=importlib.util.find_spec("vllm") is not None)
-            if engine == "transformers":
-                check_transformers_engine_serves(config)
-            else:
-                check_vllm_engine_serves(config)
-            if rollout.get("router_config_path"):
-                _check_router_config(rollout.router_config_path)
-        return validate_config(config, *args, **kwargs)
-
-    validate._infsample = True
-    validate.__wrapped__ = validate_config
-    validate.__doc__ = validate_config.__doc__
-    return validate
-
-
-def _check_router_config(path: str) -> None:
-    """Our router's yaml keys, before Ray starts (another router class is verl's or its author's business)."""
-    from omegaconf import OmegaConf
-
-    from verl.utils.import_utils import resolve_config_path
-
-    config = OmegaConf.to_container(OmegaConf.load(resolve_config_path(path)), resolve=True)
-    if config.get("router_class") == "verl_infsample.integration.rollout.router.GroupAffinityRouter":
-        from .integration.rollout.router import GroupAffinityConfig
-
-        GroupAffinityConfig.from_yaml(config, source=f"actor_rollout_ref.rollout.router_config_path={path}")
+    return path(name, engine, device)

@@ -2,9 +2,11 @@
 
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
-    infsample bench-verl [--n 16 --n 64 --n 256] [--repeats R] [--json] [--plot bench_verl.png]
     infsample trace synth --rl --prompts 512 --group-size 16 --max-len 16384 --steps 2 --seed 0 --out rl.jsonl
-    infsample replay --trace rl.jsonl --gpu h200 --model qwen3-8b --replicas 8 [--json] [--plot running.png]
+    infsample trace from-verl DUMP_DIR --tokenizer MODEL_DIR --out run.jsonl
+
+The lab (``lab/``, installed by ``make setup``) adds its commands here: ``replay``, ``bench-verl``,
+``bench-engine``, ``eval-predictor``, ``make-tiny-model``.
 
 Bad input (a malformed trace line, M < 1, a budget that fits no sample, an unknown policy) prints one clear error
 and exits with status 2, never a traceback.
@@ -18,7 +20,7 @@ import sys
 
 from .core.capacity import KVBudget, SlotPool
 from .core.policies import POLICIES
-from .bench.report import format_table, progress
+from .report import format_table, progress
 from .core.trace import DISTRIBUTIONS, TraceError, read_trace, synth_rl_trace, synth_trace, write_trace
 
 
@@ -75,19 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
     sim.set_defaults(func=_cmd_simulate)
 
-    from .bench.engine import add_bench_engine_parser
-    from .bench.in_verl import add_bench_verl_parser
-    from .models.tiny import add_make_tiny_model_parser
-    from .bench.predictor import add_eval_predictor_parser
-
-    from .replay.cli import add_replay_parser
-
-    add_replay_parser(sub)
-    add_make_tiny_model_parser(sub)
-    add_bench_engine_parser(sub)
-    add_bench_verl_parser(sub)
-    add_eval_predictor_parser(sub)
+    for command in _plugged_in_commands():
+        command.load()(sub)
     return p
+
+
+COMMANDS_GROUP = "infsample.commands"
+
+
+def _plugged_in_commands():
+    """Commands another installed package adds (entry points in ``infsample.commands``, each a function that adds
+    its subparser): the lab's replay, benchmarks and tiny models, where it is installed (``make setup``)."""
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
 
 
 def _cmd_synth(args) -> int:
@@ -103,7 +106,7 @@ def _cmd_synth(args) -> int:
 
 
 def _cmd_from_verl(args) -> int:
-    from .replay.from_verl import trace_from_verl
+    from .integration.rollout_dumps import trace_from_verl
 
     prompts = trace_from_verl(args.dump_dir, args.tokenizer)
     write_trace(prompts, args.out)
@@ -141,7 +144,7 @@ def _cmd_simulate(args) -> int:
                             "peak_active", "peak_kv_tokens", "preemptions", "recompute_tokens", "plan_ms",
                             "total_tokens"]))
     if args.plot:
-        from .bench.plots import plot_kv_timelines
+        from .report import plot_kv_timelines
 
         plot_kv_timelines(timelines, args.plot, title=f"{args.trace} under {capacity}", unit="KV tokens")
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from verl_infsample.tasks import write_parquet
-from verl_infsample.tasks.chains import make_rows
+from infsample_lab.tasks import write_parquet
+from infsample_lab.tasks.chains import make_rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,6 @@
     reward.custom_reward_function.path=examples/chains/reward.py reward.custom_reward_function.name=compute_score
 """
 
-from verl_infsample.tasks import compute_score
+from infsample_lab.tasks import compute_score
 
 __all__ = ["compute_score"]

@@ -6,14 +6,14 @@
 #   bash examples/chains/run_grpo_cpu.sh [WORK_DIR] [extra Hydra overrides...]
 #
 # Knobs (environment) and what makes it run on the CPU: examples/cpu_env.sh; here STEPS defaults to 10, N to 64,
-# BATCH to 8 prompts per step. `python -m verl_infsample.demo` (make demo) runs it and prints a table per step.
+# BATCH to 8 prompts per step. `python -m infsample_lab.demo` (make demo) runs it and prints a table per step.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 export STEPS="${STEPS:-10}" N="${N:-64}" BATCH="${BATCH:-8}" RESPONSE_LEN="${RESPONSE_LEN:-48}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
-export MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from verl_infsample.models.tiny import tiny_model_path; print(tiny_model_path(variant="learns"))')}"
+export MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from infsample_lab.models.tiny import tiny_model_path; print(tiny_model_path(variant="learns"))')}"
 source "$HERE/../cpu_env.sh"
 WORK_DIR="${1:-/tmp/infsample_chains_cpu}"
 shift $(( $# < 1 ? $# : 1 ))

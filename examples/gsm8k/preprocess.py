@@ -20,8 +20,8 @@ import argparse
 import os
 import sys
 
-from verl_infsample.tasks import write_parquet
-from verl_infsample.tasks.gsm8k import GSM8KUnavailable, load_gsm8k, sample_splits, to_verl_rows
+from infsample_lab.tasks import write_parquet
+from infsample_lab.tasks.gsm8k import GSM8KUnavailable, load_gsm8k, sample_splits, to_verl_rows
 
 
 def build_parser() -> argparse.ArgumentParser:

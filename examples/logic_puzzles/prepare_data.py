@@ -16,8 +16,8 @@ import argparse
 import os
 import sys
 
-from verl_infsample.tasks import write_parquet
-from verl_infsample.tasks.knights_knaves import MAX_PEOPLE, MIN_PEOPLE, NAMES, make_splits, to_verl_rows
+from infsample_lab.tasks import write_parquet
+from infsample_lab.tasks.knights_knaves import MAX_PEOPLE, MIN_PEOPLE, NAMES, make_splits, to_verl_rows
 
 
 def build_parser() -> argparse.ArgumentParser:

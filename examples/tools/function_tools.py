@@ -7,7 +7,7 @@ model comes from the signature and the docstring below (transformers' ``get_json
 
 from verl.tools.function_tool import function_tool
 
-from verl_infsample.tasks.calculator import respond
+from infsample_lab.tasks.calculator import respond
 
 
 @function_tool

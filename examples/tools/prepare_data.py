@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from verl_infsample.tasks import write_parquet
-from verl_infsample.tasks.tool_arithmetic import make_rows
+from infsample_lab.tasks import write_parquet
+from infsample_lab.tasks.tool_arithmetic import make_rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 export N="${N:-16}" PROMPT_LEN="${PROMPT_LEN:-256}" RESPONSE_LEN="${RESPONSE_LEN:-96}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
-export MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from verl_infsample.models.tiny import tiny_model_path; print(tiny_model_path(variant="tools"))')}"
+export MODEL_PATH="${MODEL_PATH:-$("$PYTHON" -c 'from infsample_lab.models.tiny import tiny_model_path; print(tiny_model_path(variant="tools"))')}"
 source "$HERE/../cpu_env.sh"
 case "${TOOL:-class}" in
   class) TOOL_OVERRIDES=(actor_rollout_ref.rollout.multi_turn.tool_config_path="$HERE/calculator_tool.yaml") ;;

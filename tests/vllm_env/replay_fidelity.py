@@ -37,7 +37,7 @@ def trace():
 
 
 def routed(backend_name: str, vocab: int):
-    from verl_infsample.replay.backends import agent_loop_arrivals, make_backend, step_samples
+    from infsample_lab.replay.backends import agent_loop_arrivals, make_backend, step_samples
 
     samples = step_samples(trace(), 0, 300, vocab)
     backend = make_backend(backend_name, 1, "history", 300)
@@ -84,7 +84,7 @@ def real_vllm(model_dir: str, policy: str, watermark: float, requests) -> dict:
 
 
 def replayed(model_dir: str, policy: str, watermark: float, requests, fast_forward: bool) -> dict:
-    from verl_infsample.replay.vllm_replica import ReplicaReplay, ReplicaSetup
+    from infsample_lab.replay.vllm_replica import ReplicaReplay, ReplicaSetup
 
     setup = ReplicaSetup(num_blocks=KV_BLOCKS, block_size=BLOCK, max_num_seqs=MAX_SEQS,
                          max_num_batched_tokens=BATCHED, max_model_len=512, scheduling_policy=policy,

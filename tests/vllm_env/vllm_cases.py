@@ -27,14 +27,14 @@ def model_dir():
     path = os.environ.get("INFSAMPLE_VLLM_TEST_MODEL")
     if path:
         return path
-    from verl_infsample.models.tiny import tiny_model_path
+    from infsample_lab.models.tiny import tiny_model_path
 
     return str(tiny_model_path())
 
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from verl_infsample.engines.vllm_engine import VLLMEngine
+    from infsample_lab.bench.vllm_engine import VLLMEngine
 
     e = VLLMEngine(model_dir, dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=MAX_SEQS, max_model_len=512,
                    enforce_eager=True, seed=0, num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK,
@@ -226,7 +226,7 @@ def test_bad_capacity_is_a_clear_error(engine, prompts):
 
 
 def test_gpu_check_dry_run_prints_the_comparison(capsys):
-    from verl_infsample.bench import gpu_check
+    from infsample_lab.bench import gpu_check
 
     assert gpu_check.main(["--dry-run", "--n", "8", "--prompts", "2", "--max-new-tokens", "48"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -40,11 +40,3 @@ class TransformersSampleState(DecodeState):
     rng: np.random.Generator | CounterStream
     blocks: list[int] = field(default_factory=list)
     first: tuple[int, float] | None = None  # (token, log-prob)
-
-
-@dataclass(kw_only=True)
-class VLLMSampleState(DecodeState):
-    """``VLLMEngine``: the index keying the sample's seed, and its vLLM request while one is in flight."""
-
-    stream: int
-    request: str | None = None

@@ -144,16 +144,16 @@ class InfiniteSyncTrainer(PPOTrainerSync):
         if servers:
             import ray
 
-            from verl_infsample.integration.rollout.server import merge_rollout_metrics
+            from verl_infsample.integration.rollout.metrics import merge_rollout_metrics
 
             metrics.update(merge_rollout_metrics(ray.get([pop() for pop in servers]), parallel=True))
         return batch
 
     def _rollout_servers(self) -> list:
         """For each rollout server, a call that returns its step figures: ``pop_step_metrics`` of ours
-        (``rollout.name=infinite``); of verl's vLLM servers, those ``vllm_stats`` recorded where
+        (``rollout.name=infinite``); of verl's vLLM servers, those ``rollout.vllm.stats`` recorded where
         ``VERL_INFSAMPLE_VLLM_STATS=1`` instrumented them (none otherwise, nor for other backends)."""
-        from verl_infsample.integration.rollout import vllm_stats
+        from verl_infsample.integration.rollout.vllm import stats as vllm_stats
 
         name = self.config.actor_rollout_ref.rollout.name
         if name == "vllm" and os.environ.get(vllm_stats.STATS_ENV) == "1":

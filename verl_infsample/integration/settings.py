@@ -14,7 +14,7 @@ from ..predict import make_predictor
 
 PREFIX = "actor_rollout_ref.rollout.custom"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollout.replica.rollout_engine)
+ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollout.factory.rollout_engine)
 
 
 class SettingsError(ValueError):
@@ -89,7 +89,7 @@ class InfiniteRolloutSettings:
             raise bad("threads", "must be >= 1")
 
 
-# custom.policy -> how requests are ordered for vLLM (core.priority); full and naive are round-based, which vLLM's
+# custom.policy -> how requests are ordered for vLLM (vllm.priority); full and naive are round-based, which vLLM's
 # continuous batching does not run (refilling a freed slot at once is what continuous sampling is)
 VLLM_ORDERING = {"plain": "arrival", "continuous": "group", "lpt": "longest_first", "infinite": "longest_first"}
 

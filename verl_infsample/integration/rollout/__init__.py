@@ -1,4 +1,20 @@
-"""verl's side of the plugin: the ``infinite`` rollout backend (server, replica, worker adapter, router).
+"""verl's side of the ``infinite`` rollout backend: the replica verl's driver holds, the adapter its training
+workers hold, and the server that decodes, one subpackage per engine (``factory`` picks the engine from the rollout
+config, the same on every process).
 
-Imported only where verl runs; ``verl_infsample.register()`` puts the names into verl's registries lazily.
+What runs where:
+
+- **verl's driver and trainer** (the TaskRunner actor): ``factory.make_replica`` builds each replica; the
+  group-affinity ``router`` (transformers engine) places whole groups on replicas; ``metrics`` merges the servers'
+  ``infsample/*`` figures for verl's logger.
+- **training workers**: ``factory.make_rollout_adapter``: verl's own vLLM ``ServerAdapter`` on vLLM, or
+  ``transformers.adapter`` (weights, sleep and wake-up by Ray calls to the server actor).
+- **one server actor per replica**, on its event loop: ``vllm.server`` (verl's vLLM server with the plan's
+  request order, ``vllm.order``, probes, ``vllm.probe``, and the held rests; vLLM batches, caches and preempts in
+  its own engine process) or ``transformers.server`` (the requests of a step, batched into the core scheduler,
+  ``transformers.batching``).
+- **the rollout thread** of a transformers server: ``transformers.live_rollout`` drives the core scheduler and the
+  engine, one decode step at a time, taking arrivals between steps.
+- **vLLM's engine process and workers**: nothing of ours but its stat logger's per-step figures (``vllm.stats``,
+  recorded on the server's event loop) and, on CPU, the opt-in patches (``integration.vllm_plugin``).
 """

@@ -1,4 +1,5 @@
-"""A verl request's sampling parameters as the transformers engine takes them.
+"""What a rollout server takes from verl, on either engine: how many calls at once, and (the transformers engine) a
+request's sampling parameters.
 
 Every parameter the engine honours keeps vLLM's meaning (``engines.sampling``); any other key, and every bad value,
 is refused by name, never dropped, so a request the engine cannot decode as asked fails alone and says why.
@@ -9,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...engines.sampling import SamplingParams
+
+FINISHED_LENGTHS_KEPT = 1 << 16  # (prompt key, length) pairs kept for a router to collect (pop_finished_lengths)
+REQUESTS_IN_FLIGHT = 1 << 16
+"""Calls a rollout server takes at once. verl's agent loop sends every sample of a step as its own call and each
+waits until its sample is decoded, so a step has n x prompts calls in flight (64 x 512 = 32768); a call past the actor's
+limit would wait in Ray, unseen by the plan (verl's own replicas allow 1000)."""
 
 HONOURED_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_new_tokens", "min_tokens", "logprobs",
                  "stop_token_ids", "ignore_eos", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty",

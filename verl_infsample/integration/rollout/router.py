@@ -22,8 +22,12 @@ This router (selected by ``rollout.router_config_path``, see ``verl_infsample.ro
 - predicts a request's length with the core's ``history`` predictor (per-prompt mean of earlier responses, else
   the mean of all, else the same weight for every request: then it balances requests, group by group).
 
-How it learns lengths: ``release_server`` only gets a request id, so the router asks the servers instead. Each
-``InfiniteServer`` keeps the (prompt key, length) of the samples it finished; the router asks for them
+The shipped config selects it on the transformers engine (``router_config_path`` answers None on vLLM, where verl's
+own router keeps the replicas' work even and each server orders its own samples). It routes any servers alike.
+
+How it learns lengths: ``release_server`` only gets a request id, so the router asks the servers instead. Either
+engine's server of the infinite backend (``transformers.server.InfiniteServer``, ``vllm.server.InfiniteVLLMServer``)
+keeps the (prompt key, length) of the samples it finished; the router asks for them
 (``pop_finished_lengths``) at most once every ``length_refresh_s`` seconds and takes the answers in on a later call,
 never waiting for them (a wait in ``acquire_server`` would pace the arrivals and split the servers' batches). Behind
 servers without that method (another backend) it routes on group affinity and request counts alone.

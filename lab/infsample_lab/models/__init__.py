@@ -1,0 +1,1 @@
+"""Small offline models for tests and demos (see :mod:`infsample_lab.models.tiny`)."""

@@ -1,0 +1,299 @@
+"""``infsample replay``: every backend on one trace, step by step, each replica through vLLM's own scheduler.
+
+For each rollout step of the trace, each backend routes and orders the step's requests (``backends``), every
+replica replays its share (``vllm_replica``; the replicas run in parallel over ``workers`` processes, as the
+replicas of a real rollout run side by side), and the backend hears what finished before the next step. A step's
+rollout ends with its slowest replica: ``engine_steps`` and ``model_s`` are that replica's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import multiprocessing
+import multiprocessing.pool
+import os
+from dataclasses import asdict, dataclass, field
+
+from verl_infsample.core.trace import OPENING_TOKENS, TracePrompt, rollout_steps
+from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
+from .hardware import GPUS, MODELS, Calibration, StepCostModel
+from .held_rests import replay_held
+from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What is replayed on what: verl's rollout config and the hardware (the CLI's flags)."""
+
+    gpu: str = "h200"
+    model: str = "qwen3-8b"
+    tp: int = 1
+    replicas: int = 1
+    gpu_memory_utilization: float = 0.5  # verl's rollout default
+    num_blocks: int | None = None  # the KV pool per replica; None: sized as vLLM sizes it
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    max_response_length: int | None = None  # None: the trace's longest sample
+    agent_workers: int = 8  # verl's rollout.agent.num_workers
+    backends: tuple[str, ...] = BACKENDS
+    predictor: str = "history"
+    router: str = "verl"  # infinite's and oracle's: verl's own (the product's on vLLM), or "group_affinity" (ours)
+    probe_tokens: int = 16  # infinite with a trace's prediction (noisy, oracle): it is revealed after this probe
+    seed: int = 0
+    calibration: Calibration = field(default_factory=Calibration)
+    workers: int = 2  # processes replaying replicas side by side
+    keep_timeline: bool = False
+
+    def check(self) -> None:
+        def bad(key, why):
+            raise ValueError(f"--{key.replace('_', '-')}: {why}")
+
+        if self.gpu not in GPUS:
+            bad("gpu", f"unknown {self.gpu!r}; choose from {', '.join(GPUS)}")
+        if self.model not in MODELS:
+            bad("model", f"unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        if self.probe_tokens < 0:
+            bad("probe_tokens", f"must be >= 0 (0: predictions at submission, no probe), got {self.probe_tokens}")
+        for key in ("tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "agent_workers",
+                    "workers"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            bad("max_num_batched_tokens", f"must be >= --max-num-seqs ({self.max_num_seqs}), as vLLM requires")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            bad("num_blocks", f"must be >= 2 (block 0 is vLLM's null block), got {self.num_blocks}")
+        if self.max_response_length is not None and self.max_response_length < 1:
+            bad("max_response_length", f"must be >= 1, got {self.max_response_length}")
+        if MODELS[self.model].kv_heads % self.tp and self.tp % MODELS[self.model].kv_heads:
+            bad("tp", f"{self.tp} does not divide {self.model}'s {MODELS[self.model].kv_heads} KV heads")
+        for b in self.backends:
+            if b not in BACKENDS:
+                bad("backend", f"unknown {b!r}; choose from {', '.join(BACKENDS)}")
+        if not self.backends:
+            bad("backend", "name at least one")
+        if self.router not in ROUTERS:
+            bad("router", f"unknown {self.router!r}; choose from {', '.join(ROUTERS)}")
+
+    @property
+    def cost(self) -> StepCostModel:
+        return StepCostModel(GPUS[self.gpu], MODELS[self.model], self.tp, self.calibration)
+
+    def pool_blocks(self) -> int:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.cost.kv_pool_blocks(self.gpu_memory_utilization, self.block_size, self.max_num_batched_tokens,
+                                        self.max_num_seqs)
+
+
+@dataclass
+class StepRow:
+    """One backend's rollout of one trace step (the ``--json`` object)."""
+
+    backend: str
+    predictor: str
+    step: int
+    samples: int
+    engine_steps: int  # the slowest replica's
+    lower_bound_steps: int  # max(longest sample, generated tokens / (replicas x max_num_seqs))
+    model_s: float  # modeled seconds of the slowest replica
+    preemptions: int
+    recomputed_tokens: int
+    computed_tokens: int
+    prefix_hit_tokens: int
+    probes: int  # samples run as a probe and its rest
+    probe_prefill_tokens: int  # the rests' prompt tokens not served from the prefix cache (in computed_tokens)
+    peak_kv_blocks: int  # the fullest replica's
+    kv_blocks: int  # per replica
+    plan_checks: int  # releases at which the held rests' longest-first order was checked against the FPTAS plan
+    order_vs_plan: float  # worst check: longest first's planned makespan over the plan's (1.0: the plan's own)
+    mean_running: float  # rows per engine step, over replicas
+    replica_steps: list[int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _replay_replica(job) -> tuple[int, int, ReplicaResult, object]:
+    """A worker process's job: one replica of one backend (its index and replica index travel with it). With ``held`` (the
+    replica's order and its requests in it: ``InfiniteBackend.held_rests``) the probes' rests wait in that order,
+    which comes back, having learned the step, as the last item."""
+    key, replica, config, (policy, watermark), held, requests = job
+    model = MODELS[config.model]
+    setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
+                         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                         max_model_len=_max_model_len(requests), scheduling_policy=policy,
+                         watermark=watermark)
+
+    def replica_replay(rests_held: bool = False):
+        return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
+                             keep_timeline=config.keep_timeline, rests_held=rests_held)
+
+    if held is not None:
+        order, ordered = held
+        return key, replica, replay_held(replica_replay(rests_held=True), requests, order, ordered), order
+    return key, replica, replica_replay().run(requests), None
+
+
+_POOL: dict[tuple[int, str], multiprocessing.pool.Pool] = {}  # the one pool kept, by (processes, vLLM log level)
+
+
+def _replica_pool(processes: int) -> multiprocessing.pool.Pool:
+    """Worker processes (vLLM logging errors only, or ``$VLLM_LOGGING_LEVEL``: it logs to stdout) with a fixed
+    ``PYTHONHASHSEED``: vLLM's scheduler iterates sets of request ids in places (which blocks are freed first, so which
+    cached blocks are evicted first), and a process's string hashes decide that order. With the seed fixed, a replay
+    gives the same figures every time. The pool is kept for the next replay of this process (each worker's import of
+    vLLM's scheduler costs seconds; a table of replays would pay it per cell) unless that one asks for another size
+    or log level; it ends at exit."""
+    key = (processes, os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
+    if key in _POOL:
+        return _POOL[key]
+    _drop_pool()
+    env = {"PYTHONHASHSEED": REPLAY_HASH_SEED, "VLLM_LOGGING_LEVEL": key[1]}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # what the spawned workers start with
+    try:
+        pool = _POOL[key] = multiprocessing.get_context("spawn").Pool(processes)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    return pool
+
+
+def _drop_pool() -> None:
+    """End the kept pool, jobs still queued in it included (a replay that failed leaves some)."""
+    for pool in _POOL.values():
+        pool.terminate()
+    _POOL.clear()
+
+
+atexit.register(_drop_pool)  # before the interpreter tears down what a running pool's finalizer needs
+
+
+REPLAY_HASH_SEED = "0"
+
+
+def _simulate_replica(backend, replica: int, config: ReplayConfig, requests: list[ReplayRequest],
+                      cap: int) -> ReplicaResult:
+    from .transformers_engine import simulate_replica
+
+    return simulate_replica(requests, backend.predictors[replica], config.cost, config.pool_blocks(),
+                            config.block_size, config.max_num_seqs, cap, config.max_num_batched_tokens)
+
+
+def _max_model_len(requests: list[ReplayRequest]) -> int:
+    return max((len(r.prompt_tokens) + r.length + (r.rest.length if r.rest else 0) for r in requests), default=16)
+
+
+def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
+    """Replay ``trace`` on every backend of ``config``. Returns (rows, timelines): one :class:`StepRow` per backend
+    and step, and per backend the (modeled seconds, running rows) points of each replica of the last step."""
+    config.check()
+    cap = config.max_response_length or max(n for p in trace for n in p.lengths)
+    _check_pool(trace, config, cap)
+    _check_openings(trace, config, cap)
+    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
+                             config.probe_tokens, config.max_num_seqs) for b in config.backends]
+    pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
+    try:
+        return _replay_steps(trace, config, backends, pool, cap, progress)
+    except BaseException:
+        _drop_pool()
+        raise
+
+
+def _check_openings(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:
+    """A predictor that reads each sample's opening (``learned``: the probe's first k tokens, as the server's
+    ``VLLMRequestOrder`` sizes it) needs the trace to have that much of each sample."""
+    from verl_infsample.integration.rollout.vllm.order import VLLMRequestOrder
+    from verl_infsample.predict import make_predictor
+
+    if "infinite" not in config.backends:
+        return
+    k = VLLMRequestOrder("longest_first", make_predictor(config.predictor, max_len=cap)).probe_tokens
+    if k and any(len(p.opening(i)) < min(n, k) for p in trace for i, n in enumerate(p.lengths)):
+        raise ValueError(f"--predictor {config.predictor}: it reads each sample's opening (its first {k} tokens), "
+                         "and this trace has fewer for some samples; make the trace with `infsample trace "
+                         f"from-verl` (it keeps {OPENING_TOKENS}) and take k <= {OPENING_TOKENS}")
+
+
+def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
+    """:func:`replay`'s steps, one after another, each backend's replicas in ``pool``."""
+    model = MODELS[config.model]
+    rows, timelines = [], {}
+    for step_index, prompts in enumerate(rollout_steps(trace)):
+        samples = step_samples(prompts, step_index, cap, model.vocab)
+        arrivals = agent_loop_arrivals(samples, config.agent_workers)
+        routed = [b.route(arrivals) for b in backends]
+        jobs = [(k, r, config, (b.scheduling_policy, b.watermark), b.held_rests(r), reqs)
+                for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
+                if reqs]
+        on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
+        on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
+        results: dict[tuple[int, int], ReplicaResult] = {}
+        replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
+        for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
+            if backends[key].engine == "transformers":
+                results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
+                if progress is not None:
+                    progress(1)
+        for key, replica, res, order in replayed:
+            if order is not None:
+                backends[key].adopt(replica, order)
+            results[(key, replica)] = res
+            if progress is not None:
+                progress(1)
+        by_id = {s.request_id: s for s in samples}
+        for k, b in enumerate(backends):
+            per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
+            b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
+            rows.append(_row(b, config, prompts, samples, per_replica, step_index))
+            timelines[b.name] = [res.timeline for res in per_replica]
+    return rows, timelines
+
+
+def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_replica: list[ReplicaResult],
+         step_index: int) -> StepRow:
+    generated = sum(s.length for s in samples)
+    busy = [r for r in per_replica if r.engine_steps]
+    return StepRow(
+        backend=backend.name, predictor=backend.predictor if backend.name != "vllm" else "-",
+        step=prompts[0].step, samples=len(samples),
+        engine_steps=max(r.engine_steps for r in per_replica),
+        lower_bound_steps=max(max(s.length for s in samples),
+                              math.ceil(generated / (config.replicas * config.max_num_seqs))),
+        model_s=round(max(r.model_s for r in per_replica), 3),
+        preemptions=sum(r.preemptions for r in per_replica),
+        recomputed_tokens=sum(r.recomputed_tokens for r in per_replica),
+        computed_tokens=sum(r.computed_tokens for r in per_replica),
+        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in per_replica),
+        probes=sum(r.probes for r in per_replica),
+        probe_prefill_tokens=sum(r.probe_prefill_tokens for r in per_replica),
+        peak_kv_blocks=max(r.peak_kv_blocks for r in per_replica), kv_blocks=config.pool_blocks(),
+        plan_checks=sum(r.plan_checks for r in per_replica),
+        order_vs_plan=round(max(r.order_vs_plan for r in per_replica), 5),
+        mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
+        replica_steps=[r.engine_steps for r in per_replica])
+
+
+def _check_pool(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:
+    """A sample that can never fit a replica's pool would be preempted forever: refuse the run, naming it."""
+    blocks = config.pool_blocks()
+    if blocks < 2:
+        raise ReplayError(f"--gpu-memory-utilization {config.gpu_memory_utilization} leaves no KV pool for "
+                          f"{config.model} on {config.gpu} with --tp {config.tp}: raise it, or --tp, or set "
+                          "--num-blocks")
+    worst = max(trace, key=lambda p: p.prompt_len + min(max(p.lengths), cap))
+    need = -(-(worst.prompt_len + min(max(worst.lengths), cap)) // config.block_size)
+    if need > blocks - 1:
+        raise ReplayError(
+            f"prompt {worst.prompt_id!r} (step {worst.step}): {worst.prompt_len} prompt + "
+            f"{min(max(worst.lengths), cap)} response tokens need {need} KV blocks of {config.block_size}, but a "
+            f"replica's pool has {blocks - 1}: raise --num-blocks or --gpu-memory-utilization, or lower "
+            "--max-response-length")

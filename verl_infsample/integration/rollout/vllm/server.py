@@ -1,0 +1,291 @@
+"""``rollout.name=infinite`` on vLLM: verl's own vLLM server, with the plan's order in front of vLLM's scheduler.
+
+:class:`InfiniteVLLMServer` is verl's ``vLLMHttpServer``, so everything verl's vLLM rollout does comes with it
+unchanged: the engine it builds from the rollout config (tensor, data and expert parallelism, quantization, LoRA),
+its weight transfer from the training workers (verl's own ``ServerAdapter`` on the worker side, see
+``factory.make_rollout_adapter``), sleep and wake-up, abort and resume, every sampling parameter verl sends, and
+multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds is the scheduling:
+
+- vLLM runs with ``scheduling_policy=priority`` and prefix caching, and each request gets the priority of its
+  sample's place in the plan (``order``, ``priority``: longest predicted first by a sample's own
+  prediction; a group's samples together where only its prompt's history predicts them), so vLLM's continuous
+  batching refills freed slots in the plan's order and a group's samples share its prompt's cached blocks;
+- with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
+  tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
+  waits in the server (``VLLMRequestOrder.hold``) until vLLM has room (its batch and as many waiting), then goes in
+  ranked by the predictions as they stand at that moment (siblings finished since, the step's first samples
+  learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
+  ``infsample/probe_skipped``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
+  each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
+- where samples run longest first by their own predictions, vLLM keeps ``REST_WATERMARK`` of its KV blocks free
+  when it admits (its ``watermark``; ``VLLMRequestOrder.engine_watermark``): the long samples' KV grows together,
+  and without headroom vLLM admits into the last blocks, then preempts and recomputes. A user's
+  ``rollout.engine_kwargs.vllm.watermark`` wins;
+- ``custom.slots`` is vLLM's ``max_num_seqs`` (samples decoded at once);
+- the step's figures (engine steps, preemptions, tokens computed, peak KV blocks, the engine's own wall time) come
+  from vLLM's per-step stats (``stats``) for the ``infinite_sync`` trainer to log, and the lengths of finished
+  samples for the group-affinity router (``pop_finished_lengths``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from contextlib import contextmanager
+
+import ray
+from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+
+from ....predict import make_predictor
+from ....predict.features import TokenWindow
+from ...settings import settings_from_rollout, vllm_ordering
+from . import probe
+from . import stats as vllm_stats
+from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
+from .order import OrderedRequest, VLLMRequestOrder, engine_room
+
+logger = logging.getLogger(__name__)
+vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
+
+
+def _vllm_has_watermark() -> bool:
+    """Whether this vLLM's engine takes ``watermark`` (KV blocks kept free at admission)."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "watermark" in {f.name for f in fields(EngineArgs)}
+
+
+class InfiniteVLLMServer(vLLMHttpServer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_scheduling()
+
+    def _init_scheduling(self) -> None:
+        """What this server keeps beside verl's (from ``self.config``): the plan's order, the rests it holds, the
+        step's figures."""
+        self.settings = settings_from_rollout(self.config)
+        max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
+        self.order = VLLMRequestOrder(vllm_ordering(self.settings),
+                                      make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
+                                      room=engine_room(max_num_seqs * int(self.config.data_parallel_size or 1)))
+        self._turns: dict[int, asyncio.Future] = {}  # id of a held request -> its turn (True: released)
+        self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
+        self._group_size = int(self.config.n or 1)  # GRPO's rollout.n: the samples a prompt's group expects
+        self._counts: Counter[str] = Counter()  # probes this step, for infsample/*
+        self._probe_ids: set[str] = set()
+        self._refusals_logged: set[str] = set()
+        self._finish_reasons: dict[str, str] = {}
+        self._engine_slots = max_num_seqs  # one engine's (one data-parallel rank's) max_num_seqs
+        vllm_stats.on_step(self._engine_step)
+
+    def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        super()._preprocess_engine_kwargs(engine_kwargs)
+        engine_kwargs["scheduling_policy"] = "priority"
+        engine_kwargs["enable_prefix_caching"] = True
+        if self.settings.slots is not None:
+            engine_kwargs["max_num_seqs"] = self.settings.slots
+        watermark = self.order.engine_watermark()
+        if watermark and "watermark" not in engine_kwargs:  # rollout.engine_kwargs.vllm.watermark, if set, wins
+            if _vllm_has_watermark():
+                engine_kwargs["watermark"] = watermark
+            else:
+                logger.warning("rollout.name=infinite: this vLLM has no `watermark`; held rests run without KV "
+                               "headroom at admission (expect more preemptions in a tight KV pool)")
+
+    async def generate(self, prompt_ids, sampling_params, request_id, *args, priority: int = 0, **kwargs):
+        """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal),
+        probed where the plan reads tokens."""
+        total = self._max_tokens(prompt_ids, sampling_params)
+        refusal = None
+        if self.order.probe_tokens and total > self.order.probe_tokens:
+            refusal = probe.probe_refusal(
+                sampling_params, seeded=bool(self.config.full_determinism),
+                multimodal=bool(args) or any(kwargs.get(k) for k in ("image_data", "video_data", "audio_data",
+                                                                     "mm_processor_kwargs")),
+                routed_experts=bool(self.config.enable_rollout_routing_replay),
+                kv_transfer=kwargs.get("kv_transfer_params") is not None or bool(self._pd_decode_peers))
+            if refusal is not None:
+                self._counts["probe_skipped"] += 1
+                if refusal not in self._refusals_logged:
+                    self._refusals_logged.add(refusal)
+                    logger.warning("rollout.name=infinite: requests with %r run whole, not probed: a split would "
+                                   "change what it means (counted in infsample/probe_skipped)", refusal)
+        with self._planning():
+            request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
+                                        may_probe=refusal is None)
+        try:
+            if request.probe:
+                output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
+            else:
+                output = await self._engine_generate(prompt_ids, sampling_params, request_id, *args,
+                                                     priority=request.priority, **kwargs)
+            if output.stop_reason == "completed":
+                length = len(output.token_ids)
+                with self._planning():
+                    self._finished_lengths.append((self.order.finished(request, length), length))
+            return output
+        finally:
+            self._release_rests()  # what it freed (and taught) goes to the held rests
+
+    async def _engine_generate(self, *args, released: bool = False, **kwargs):
+        """verl's ``generate``: one request into vLLM, counted inside it until it returns (``released``: a held rest,
+        counted by the order when it released it)."""
+        if not released:
+            self.order.enter()
+        try:
+            return await super().generate(*args, **kwargs)
+        finally:
+            self.order.leave()
+
+    async def _generate_probed(self, request: OrderedRequest, prompt_ids, sampling_params, request_id, total: int,
+                               kwargs: dict):
+        """The probe, then (unless it ended the sample) the rest at its own prediction's priority, joined."""
+        self._track_finish_reasons()
+        k = self.order.probe_tokens
+        probe_params, rest_params = probe.split_params(sampling_params, total, k)
+        probe_id = f"{request_id}{probe.PROBE_SUFFIX}"
+        self._probe_ids.add(probe_id)
+        try:
+            head = await self._engine_generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)
+        finally:
+            self._probe_ids.discard(probe_id)
+        self._counts["probes"] += 1
+        reason = self._finish_reasons.pop(probe_id, None)
+        if head.stop_reason != "completed" or reason != "length" or len(head.token_ids) < k:
+            return head  # the sample ended within its probe (or was aborted: verl resumes it from its tokens)
+        self._counts["probe_continuations"] += 1
+        with self._planning():
+            self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
+        if not await self._turn(request):  # aborted while held: verl resumes it from the probe's tokens
+            self._counts["held_aborted"] += 1
+            return head.model_copy(update={"stop_reason": "aborted"})
+        rest = await self._engine_generate(list(prompt_ids) + list(head.token_ids), rest_params, request_id,
+                                           priority=request.priority, released=True, **kwargs)
+        return probe.join(head, rest)
+
+    async def _turn(self, request: OrderedRequest) -> bool:
+        """Hold ``request``'s rest until the order releases it (True), or an abort drops it (False)."""
+        with self._planning():
+            self.order.hold(request)
+        turn = self._turns[id(request)] = asyncio.get_running_loop().create_future()
+        self._release_rests()
+        if not turn.done():
+            self._counts["rests_held"] += 1  # vLLM was full: it waits here, to be ranked when it has room
+        try:
+            return await turn
+        except asyncio.CancelledError:  # its caller went away: it no longer waits, or no longer runs
+            self._turns.pop(id(request), None)
+            if self.order.withdraw(request) is None and turn.done() and not turn.cancelled() and turn.result():
+                self.order.leave()  # released, never sent
+            raise
+
+    def _release_rests(self) -> None:
+        """The held rests the order releases now go into vLLM."""
+        with self._planning():
+            released = self.order.release()
+        for request in released:
+            turn = self._turns.pop(id(request))
+            if not turn.done():
+                turn.set_result(True)
+
+    def _engine_step(self, scheduler_stats) -> None:
+        """An engine step's stats (vLLM's front end records them on this event loop): slots stood free with nothing
+        waiting in vLLM while rests were held here, so the server's round trip outlasts what waits inside vLLM.
+        From now on that many more requests may be inside it (``VLLMRequestOrder.widen``), and the held rests that
+        now fit go in (``infsample/starved_steps`` counts such steps, ``infsample/engine_room`` says the room)."""
+        free = self._engine_slots - scheduler_stats.num_running_reqs
+        if free > 0 and scheduler_stats.num_waiting_reqs == 0 and self.order.held:
+            self._counts["starved_steps"] += 1
+            self.order.widen(free)
+            self._release_rests()
+
+    @contextmanager
+    def _planning(self):
+        """Time spent in the plan's order (predictions, ranking, the held rests), counted in ``infsample/plan_ms``:
+        the server's event loop feeds vLLM nothing meanwhile."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._counts["plan_ms"] += (time.perf_counter() - start) * 1e3
+
+    async def abort_all_requests(self, *args, **kwargs):
+        """verl's abort, and every held rest answered "aborted" with its probe's tokens (verl resumes it)."""
+        for request in self.order.drop_held():
+            turn = self._turns.pop(id(request), None)
+            if turn is not None and not turn.done():
+                turn.set_result(False)
+        return await super().abort_all_requests(*args, **kwargs)
+
+    def _max_tokens(self, prompt_ids, sampling_params) -> int:
+        """The response budget verl's ``generate`` gives this request (its ``max_tokens``, else the rollout's)."""
+        room = int(self.config.max_model_len) - len(prompt_ids)
+        total = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        if total is None:
+            total = min(int(self.config.response_length),
+                        int(self.config.prompt_length) + int(self.config.response_length) - len(prompt_ids))
+        return max(1, min(int(total), room))
+
+    def _track_finish_reasons(self) -> None:
+        """Record vLLM's finish reason of each probe (verl's ``generate`` maps both "stop" and "length" to
+        "completed"; only "length" means the sample goes on)."""
+        engine = self.engine
+        if getattr(engine, "_infsample_finish_reasons", None) is self._finish_reasons:
+            return
+        generate = engine.generate
+        reasons, probes = self._finish_reasons, self._probe_ids
+
+        async def generate_recording(*args, request_id, **kw):
+            last = None
+            async for out in generate(*args, request_id=request_id, **kw):
+                last = out
+                yield out
+            if request_id in probes and last is not None and last.outputs:
+                reasons[request_id] = last.outputs[0].finish_reason
+
+        engine.generate = generate_recording
+        engine._infsample_finish_reasons = reasons
+
+    async def set_global_steps(self, global_steps: int):
+        """verl's weight sync, before each step's rollout: a new step, its groups counted afresh."""
+        await super().set_global_steps(global_steps)
+        self.order.new_step()
+
+    async def pop_finished_lengths(self) -> list[tuple[str, int]]:
+        """(``prompt_key``, length) of each sample finished since the last call, for the group-affinity router."""
+        lengths = list(self._finished_lengths)
+        self._finished_lengths.clear()
+        return lengths
+
+    async def pop_step_metrics(self) -> dict:
+        """The ``infsample/*`` figures of the engine steps since the last call (``stats``), the probes
+        among them (a probed sample is two vLLM requests: ``samples`` counts it once)."""
+        metrics = vllm_stats.pop_step_metrics()
+        counts, self._counts = self._counts, Counter()
+        if metrics and "infsample/samples" in metrics:
+            metrics["infsample/samples"] -= counts["probe_continuations"]
+        metrics.update({f"infsample/{k}": v for k, v in counts.items()})
+        metrics["infsample/engine_room"] = self.order.room
+        return metrics
+
+
+class InfiniteVLLMReplica(vLLMReplica):
+    """verl's vLLM replica (placement, TP/DP layout, sleep, abort) serving :class:`InfiniteVLLMServer`, named
+    ``infinite_server_<rank>_<node>`` as verl's worker-side ``ServerAdapter`` looks it up for ``rollout.name``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server_class = ray.remote(InfiniteVLLMServer)
+
+    def _get_server_name_prefix(self) -> str:
+        return "infinite_"
+
+    @property
+    def max_concurrency(self) -> int:
+        """Every request of the step inside vLLM, where its priority orders it (not queued in Ray, unseen)."""
+        return max(super().max_concurrency, REQUESTS_IN_FLIGHT)

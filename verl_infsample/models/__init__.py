@@ -1,1 +1,0 @@
-"""Small offline models for tests and demos (see :mod:`verl_infsample.models.tiny`)."""
