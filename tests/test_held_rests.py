@@ -80,7 +80,7 @@ async def _six_requests_probes_back(server, probes: int) -> list:
 def test_the_engine_keeps_kv_free_at_admission_unless_the_user_set_it(server):
     """Probed rests run longest first: the server builds vLLM with its ``watermark``; a user's
     ``rollout.engine_kwargs.vllm.watermark`` wins."""
-    from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK
+    from verl_infsample.integration.rollout.vllm.priority import REST_WATERMARK
 
     built = {}
     server._preprocess_engine_kwargs(built)

@@ -6,7 +6,8 @@ import pytest
 from verl_infsample.integration.rollout.vllm.priority import StepPriorities
 from verl_infsample.core.predictor import HistoryPredictor
 from verl_infsample.integration.rollout.vllm import probe
-from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK, VLLMRequestOrder
+from verl_infsample.integration.rollout.vllm.order import VLLMRequestOrder
+from verl_infsample.integration.rollout.vllm.priority import REST_WATERMARK
 from verl_infsample.predict import make_predictor
 from verl_infsample.predict.features import TokenWindow
 

@@ -45,7 +45,7 @@ def test_replay_equals_real_vllm_cpu(tiny_model_dir):
 def test_the_replay_builds_vllm_as_each_backends_servers_do():
     """verl's rollout leaves vLLM's watermark at 0; ``infinite`` keeps the server's where it ranks samples by their
     own predictions, not where it ranks groups by their history; and the replayed scheduler keeps that many blocks."""
-    from verl_infsample.integration.rollout.vllm.order import REST_WATERMARK
+    from verl_infsample.integration.rollout.vllm.priority import REST_WATERMARK
     from infsample_lab.replay.backends import make_backend
     from infsample_lab.replay.vllm_replica import build_scheduler
 

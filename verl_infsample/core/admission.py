@@ -27,8 +27,16 @@ class PlannedOrderAdmission:
         """``order``: the plan's admission order; ``samples``: the same samples in the batch's order."""
         self.queue = deque(order)
         self._tiebreak = itertools.count()
-        self._shortest = [(s.predicted_len, s.uid, next(self._tiebreak), s) for s in samples]
-        heapq.heapify(self._shortest)
+        # the refill's candidates: the plan's samples shortest first (sorted once, read by a cursor), and a heap
+        # for what comes later (requeued samples, new predictions); an entry whose sample has run, or whose
+        # prediction changed since, is skipped when it surfaces
+        predicted = np.fromiter((s.predicted_len for s in samples), dtype=float, count=len(samples))
+        uids = np.fromiter((s.uid for s in samples), dtype=np.int64, count=len(samples))
+        by_length = np.lexsort((uids, predicted)).tolist()
+        self._sorted = [samples[i] for i in by_length]
+        self._sorted_len = predicted[by_length].tolist()
+        self._cursor = 0
+        self._shortest: list = []
 
     def select(self, fits: Fits, now: int) -> Sample | None:
         """The sample to admit at decode step ``now``, or None to admit nothing more for now."""
@@ -45,7 +53,8 @@ class PlannedOrderAdmission:
         if gate is not None and now + s.remaining_predicted() > gate:
             return None  # it would still hold KV the head's plan counts on
         self._refilling(s)
-        return heapq.heappop(self._shortest)[-1]
+        self._take_shortest()
+        return s
 
     def select_when_idle(self, fits: Fits, now: int) -> Sample | None:
         """Nothing runs: the head starts now, whatever its planned start (a plan's gap is never worth an idle
@@ -89,10 +98,31 @@ class PlannedOrderAdmission:
         return self.queue[0] if self.queue else None
 
     def _shortest_waiting(self) -> Sample | None:
-        while self._shortest and (self._shortest[0][-1].state is not SampleState.WAITING
-                                  or self._shortest[0][0] != self._shortest[0][-1].predicted_len):
+        """The waiting sample of the shortest prediction (ties by uid), from the sorted plan or the heap."""
+        while self._shortest and _stale(self._shortest[0][0], self._shortest[0][-1]):
             heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
-        return self._shortest[0][-1] if self._shortest else None
+        while self._cursor < len(self._sorted) and _stale(self._sorted_len[self._cursor], self._sorted[self._cursor]):
+            self._cursor += 1
+        best = None
+        if self._cursor < len(self._sorted):
+            best = (self._sorted_len[self._cursor], self._sorted[self._cursor].uid, self._sorted[self._cursor])
+        if self._shortest and (best is None or self._shortest[0][:2] < best[:2]):
+            best = (self._shortest[0][0], self._shortest[0][1], self._shortest[0][-1])
+        return None if best is None else best[-1]
+
+    def _take_shortest(self) -> None:
+        """The sample ``_shortest_waiting`` answered leaves the refill's candidates."""
+        top = self._shortest[0] if self._shortest else None
+        if self._cursor < len(self._sorted) and (
+                top is None or (self._sorted_len[self._cursor], self._sorted[self._cursor].uid) <= top[:2]):
+            self._cursor += 1
+        else:
+            heapq.heappop(self._shortest)
+
+
+def _stale(predicted_len: float, s: Sample) -> bool:
+    """A refill entry no longer stands: its sample has left the waiting line, or has a newer prediction."""
+    return s.state is not SampleState.WAITING or predicted_len != s.predicted_len
 
 
 class SkylinePacedAdmission(PlannedOrderAdmission):

@@ -27,8 +27,8 @@ def whole_blocks(tokens, block_size: int):
 @dataclass(frozen=True)
 class SampleArrays:
     """A set of samples as arrays: what the KV accounting reads. Built once per admission round (the running set
-    does not change while candidates are checked, except by the admissions), not once per check: with a few hundred
-    samples running, reading their attributes sample by sample for every candidate was most of a step's scheduling."""
+    does not change while candidates are checked, except by the admissions), not once per check: reading a few
+    hundred samples' attributes for every candidate would cost more than the check itself."""
 
     remaining: np.ndarray  # predicted tokens still to decode (``Sample.remaining_predicted``: >= 1)
     generated: np.ndarray
@@ -313,8 +313,7 @@ def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndar
 
     Per sample that is block * (q_i + Q + [r_i + R > 0] + [r_i + R > block]), with generated = block * q + r and
     at[j] = block * Q + R, so prefix sums of q and prefix counts of r give every candidate time in O(m * block)
-    rather than the [m, m] matrix of every sample at every time (which took most of a step's scheduling at a few
-    hundred samples running). Up to ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
+    rather than the [m, m] matrix of every sample at every time (quadratic in the samples running). Up to ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
     m = len(at)
     if m <= _DIRECT_UP_TO:
         return (whole_blocks(generated[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)

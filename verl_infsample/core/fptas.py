@@ -236,15 +236,17 @@ def _rounded_dp(big: np.ndarray, lanes: int, delta: float, slack: float, max_sta
             if max(loads) < best[0]:
                 best[0], best[1] = max(loads), chosen.copy()
             return None
-        key = (j, tuple(sorted(loads)))
+        now = np.array(loads, dtype=np.int64)
+        order = np.argsort(now, kind="stable")  # the lanes least loaded first: the state, and the order to try
+        key = (j, now[order].tobytes())
         if key in seen:
             return None
         seen.add(key)
         if len(seen) > max_states:
             raise _StateBudgetExceeded
-        if max(max(loads), -(-(sum(loads) + suffix[j]) // lanes)) + slack_units >= best[0]:
+        if max(int(now[order[-1]]), -(-(int(now.sum()) + suffix[j]) // lanes)) + slack_units >= best[0]:
             return None
-        return _Frame(j, sorted(range(lanes), key=loads.__getitem__))
+        return _Frame(j, order.tolist())
 
     # depth first with an explicit stack: the depth is the number of big jobs, which no call stack holds
     try:

@@ -233,17 +233,15 @@ class InfiniteSamplingPolicy(Policy):
                 self._info = {"plan_method": "skyline", "plan_lanes": lanes, "planned_steps": sky.makespan,
                               "plan_pacing": sky.pacing, "plan_paced_quantile": sky.quantile}
                 return
-        by_group: dict[int, np.ndarray] = {}
-        for i, s in enumerate(samples):
-            by_group.setdefault(s.group, []).append(i)
-        by_group = {g: np.array(members) for g, members in by_group.items()}
-        group_order = sorted(by_group, key=lambda g: (-predicted[by_group[g]].max(), g))
+        group = np.fromiter((s.group for s in samples), dtype=np.int64, count=len(samples))
+        by_group, group_order = members_by_group(group, predicted)
         if memory is not None:
-            order = [i for g in group_order for i in by_group[g][np.argsort(-predicted[by_group[g]], kind="stable")]]
+            order = np.concatenate([by_group[g][np.argsort(-predicted[by_group[g]], kind="stable")]
+                                    for g in group_order])
             self._info = {"plan_method": "group-major", "plan_lanes": lanes}
         else:
             order = self._plan_lanes(samples, predicted, by_group, group_order, lanes, release)
-        self._admission = PlannedOrderAdmission([samples[i] for i in order], samples)
+        self._admission = PlannedOrderAdmission([samples[i] for i in order.tolist()], samples)
 
     def _plan_lanes(self, samples: list[Sample], predicted: np.ndarray, by_group: dict[int, np.ndarray],
                     group_order: list[int], lanes: int, free: np.ndarray) -> np.ndarray:
@@ -310,6 +308,18 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "oracle": lambda slots, eps: OraclePolicy(eps),
     "plain": lambda slots, eps: PlainSubmissionPolicy(),
 }
+
+
+def members_by_group(group: np.ndarray, predicted: np.ndarray) -> tuple[dict[int, np.ndarray], list[int]]:
+    """Each group's members (indices, in the given order) and the groups longest predicted sample first (ties by
+    group), from each sample's ``group`` and ``predicted`` length."""
+    ids, inverse = np.unique(group, return_inverse=True)
+    by_member = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=len(ids)))[:-1]
+    longest = np.full(len(ids), -np.inf)
+    np.maximum.at(longest, inverse, predicted)
+    members = dict(zip(ids.tolist(), np.split(by_member, bounds)))
+    return members, ids[np.lexsort((ids, -longest))].tolist()
 
 
 def waiting_in(queue) -> list[Sample]:

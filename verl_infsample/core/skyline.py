@@ -123,7 +123,7 @@ class MemorySkyline:
         before = np.concatenate(([0], seen[:len(seen) - n]))
         clear = np.flatnonzero((seen[n - 1:] == before) & (use[n - 1:] <= room[-1]))
         # ... then the whole test, on the candidates in order, WINDOW at a time: the first window nearly always holds
-        # the fit (filtering every candidate by a few probe steps first pruned only 7% of them, for 28% more time)
+        # the fit, so a cheaper pre-filter of every candidate costs more than it prunes
         offsets = np.arange(n)
         for lo in range(0, len(clear), self.WINDOW):
             starts = clear[lo:lo + self.WINDOW]

@@ -13,12 +13,9 @@ rows are cut into a few buckets by own length, each padded to its own longest, w
 the extra kernels (``OWN_CUT_TOKENS``: small on a CPU, where copies are slow; large on a GPU, where launches are).
 
 The cascade pays for its copies saved with more, smaller kernels (per group, per bucket, and the merge), so a step
-takes it only where the copies it saves are worth that (``shares_prompt``): measured on this CPU with the tiny shape,
-gathering per row is 3-31% faster while the rows' redundant prompt copies total up to a few thousand token slots
-(the bench's 12-token prompts, 8-30 rows), the two are even from about 6000 to 16,000, and the cascade is 35% faster
-at 32k (256-token prompts, 128 rows). On a GPU the copies cost less and the launches more, but a big copy is also
-a big transient, so the same threshold keeps the cascade where the memory it saves matters (8192 slots at
-Qwen3-1.7B's shape: about 32 MiB a layer in bf16).
+takes it only where the copies it saves are worth that (``shares_prompt``): a few thousand redundant prompt slots
+are cheaper gathered per row, tens of thousands are not, and on a GPU a big copy is also a big transient, so the same
+threshold keeps the cascade where the memory it saves matters (the crossover as measured: docs/results.md).
 
 transformers picks the attention function by name, so the engine switches its model to ``infsample_paged``: for
 every input but ours it is transformers' ``sdpa`` (same masks, same kernels), so ``generate`` on the same model
@@ -33,9 +30,8 @@ import torch
 
 ATTENTION = "infsample_paged"
 OWN_BUCKETS = 4  # at most this many own-length buckets per step
-# padded token slots a cut must save, per device type. CPU: measured (tiny shape, 2026-12-01): 4096 leaves an 8-row
-# step as fast as one bucket did (256 made it slower) and takes 15-20% off a decode step at rollout.n=1024; the GPU
-# figure is a guess, not measured: on a GPU a copy is cheap and each bucket adds kernel launches
+# padded token slots a cut must save, per device type: a cut adds a bucket (a copy and more kernel launches), worth
+# it only where the padding it saves costs more (figures and how they were measured: docs/results.md)
 OWN_CUT_TOKENS = {"cpu": 4096}
 DEFAULT_CUT_TOKENS = 65_536
 SHARE_PROMPT_TOKENS = 8192  # redundant prompt token slots a step must hold for the cascade (see above)

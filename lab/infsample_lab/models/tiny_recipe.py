@@ -23,12 +23,9 @@ DEFAULTS: dict = dict(layers=2, hidden=128, heads=2, kv_heads=1, vocab=DEFAULT_V
                       train_steps=DEFAULT_TRAIN_STEPS, intermediate=None, corpus_size=6000, lr=3e-3,
                       batch_tokens=256, max_seq_len=160, max_position_embeddings=4096)
 # Variants: build parameters over DEFAULTS. "modes": same size, tokenizer code and recipe, on the "modes" corpus
-# (its first tokens tell the length), trained until it fits that corpus: at 1000 steps (loss 0.41) it followed its
-# modes so loosely that no predictor could rank its lengths well (the Monte Carlo ceiling of ``eval-predictor
-# --ceiling``: Kendall tau 0.48-0.58 at k=8); at 4000 it still drew its modes off the corpus's weights (count 49%,
-# step 32%, direct 19% of 3072 samples; the corpus: 35 / 35 / 30) and cut step answers short (70 tokens on average);
-# at 8000 (about a minute more) 41 / 36 / 22, closer to them, and 84 tokens (measured 2026-12-02).
-# ``corpus`` enters the fingerprint only when it is not the default's.
+# (its first tokens tell the length), trained until it draws its modes about as the corpus weighs them, so that its
+# openings predict its lengths (fewer steps leave it following its modes too loosely for any predictor to rank them;
+# the step counts tried: docs/results.md). ``corpus`` enters the fingerprint only when it is not the default's.
 MODES_TRAIN_STEPS = 8000
 # "learns": the demo's model (``tasks.chains.guess_or_count``): guesses or counts, and only counting is reliably right.
 LEARNS_TRAIN_STEPS = 6000

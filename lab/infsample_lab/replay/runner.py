@@ -117,25 +117,39 @@ class StepRow:
         return asdict(self)
 
 
-def _replay_replica(job) -> tuple[int, int, ReplicaResult, object]:
-    """A worker process's job: one replica of one backend (its index and replica index travel with it). With ``held`` (the
-    replica's order and its requests in it: ``InfiniteBackend.held_rests``) the probes' rests wait in that order,
-    which comes back, having learned the step, as the last item."""
-    key, replica, config, (policy, watermark), held, requests = job
+@dataclass(frozen=True)
+class ReplicaJob:
+    """One replica of one backend for a worker process: its requests and how its vLLM runs them. ``held``: the
+    replica's order and its requests in it (``InfiniteBackend.held_rests``), where the probes' rests wait in that
+    order, which comes back having learned the step."""
+
+    backend: int  # the backend's index in the replay
+    replica: int
+    config: ReplayConfig
+    scheduling_policy: str
+    watermark: float
+    held: object
+    requests: list
+
+    @property
+    def work(self) -> int:
+        return sum(q.length for q in self.requests)
+
+
+def _replay_replica(job: ReplicaJob) -> tuple[int, int, ReplicaResult, object]:
+    """A worker process's job: (backend, replica, its result, the order it learned in, if held)."""
+    config, requests = job.config, job.requests
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                         max_model_len=_max_model_len(requests), scheduling_policy=policy,
-                         watermark=watermark)
-
-    def replica_replay(rests_held: bool = False):
-        return ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
-                             keep_timeline=config.keep_timeline, rests_held=rests_held)
-
-    if held is not None:
-        order, ordered = held
-        return key, replica, replay_held(replica_replay(rests_held=True), requests, order, ordered), order
-    return key, replica, replica_replay().run(requests), None
+                         max_model_len=_max_model_len(requests), scheduling_policy=job.scheduling_policy,
+                         watermark=job.watermark)
+    replay = ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
+                           keep_timeline=config.keep_timeline, rests_held=job.held is not None)
+    if job.held is not None:
+        order, ordered = job.held
+        return job.backend, job.replica, replay_held(replay, requests, order, ordered), order
+    return job.backend, job.replica, replay.run(requests), None
 
 
 _POOL: dict[tuple[int, str], multiprocessing.pool.Pool] = {}  # the one pool kept, by (processes, vLLM log level)
@@ -231,16 +245,17 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         samples = step_samples(prompts, step_index, cap, model.vocab)
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
         routed = [b.route(arrivals) for b in backends]
-        jobs = [(k, r, config, (b.scheduling_policy, b.watermark), b.held_rests(r), reqs)
+        jobs = [ReplicaJob(k, r, config, b.scheduling_policy, b.watermark, b.held_rests(r), reqs)
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]
-        on_vllm = [j for j in jobs if backends[j[0]].engine == "vllm"]
-        on_vllm.sort(key=lambda j: -sum(q.length for q in j[-1]))  # the longest first: the workers end together
+        on_vllm = [j for j in jobs if backends[j.backend].engine == "vllm"]
+        on_vllm.sort(key=lambda j: -j.work)  # the longest first: the workers end together
         results: dict[tuple[int, int], ReplicaResult] = {}
         replayed = pool.imap_unordered(_replay_replica, on_vllm)  # runs in the workers while ...
-        for key, replica, _, _, _, reqs in jobs:  # ... the transformers engine's replicas simulate here
-            if backends[key].engine == "transformers":
-                results[(key, replica)] = _simulate_replica(backends[key], replica, config, reqs, cap)
+        for job in jobs:  # ... the transformers engine's replicas simulate here
+            if backends[job.backend].engine == "transformers":
+                results[(job.backend, job.replica)] = _simulate_replica(backends[job.backend], job.replica, config,
+                                                                        job.requests, cap)
                 if progress is not None:
                     progress(1)
         for key, replica, res, order in replayed:

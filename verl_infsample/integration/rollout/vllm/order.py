@@ -32,14 +32,12 @@ from ....core.sample import Group, Sample, prompt_key
 from ....predict.features import TokenWindow
 
 REST_BUFFER = 1.0  # requests let wait inside vLLM beyond its running batch, a share of max_num_seqs
-REST_WATERMARK = 0.02  # vLLM's ``watermark`` where samples run longest first: a share of its KV blocks kept free
 
 
 def engine_room(max_num_seqs: int) -> int:
     """Requests let inside a vLLM engine of ``max_num_seqs`` at once: its batch, and as many again waiting, so that
     the slots vLLM frees while the server hears of it and sends the next rests are refilled from what waits inside
-    (on a small model a round trip through the server lasts several engine steps; in the replay, which has none,
-    the buffer's size changed nothing beyond noise)."""
+    (a round trip through the server can last several engine steps of a small model)."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     return max_num_seqs + math.ceil(REST_BUFFER * max_num_seqs)
@@ -83,14 +81,10 @@ class VLLMRequestOrder:
         self._revision = predictor.revision()
 
     def engine_watermark(self) -> float:
-        """vLLM's ``watermark`` to run under this order: the share of its KV blocks it keeps free when it admits a
-        waiting or preempted request. Ranked longest first by their own predictions, the long samples run side by
-        side and their KV grows together; admitting into the last free blocks, vLLM then preempts and recomputes
-        (in the replay's tight pools 2-4x the preemptions of verl's order, up to 4% more modeled time), and with
-        ``REST_WATERMARK`` kept free about as often as verl's order. Where samples are ranked as their groups
-        (no prediction of their own) the order is verl's, and so is vLLM's default (0: nothing kept)."""
+        """vLLM's ``watermark`` to run under this order (``Ordering.watermark``): the share of its KV blocks it keeps
+        free when it admits a waiting or preempted request, where requests carry predictions of their own."""
         ranks_samples = self.probe_tokens > 0 or self.predictor.tells_samples_apart
-        return REST_WATERMARK if ranks_samples and self.priorities.ordering == "longest_first" else 0.0
+        return self.priorities.ordering.watermark(ranks_samples)
 
     def arrive(self, prompt_ids, caller: int = 0, group_size: int = 1, uid: int | None = None,
                true_len: int | None = None, max_tokens: int | None = None, may_probe: bool = True) -> OrderedRequest:
