@@ -1,5 +1,5 @@
-"""The server's hold on probes' rests (``InfiniteVLLMServer``: ``_turn``, ``_release_rests``, ``abort_all_requests``)
-with its asyncio gate, in front of a stand-in for vLLM (``VLLMStandIn``: verl's ``generate`` answers a request when
+"""The server's hold on probes' rests (``InfiniteVLLMServer`` and its ``EngineGate``: ``turn``, ``release``,
+``abort_all_requests``), in front of a stand-in for vLLM (``VLLMStandIn``: verl's ``generate`` answers a request when
 the test lets it; the real vLLM runs behind this code in the tool-agent GRPO tests, whose aborts land where they
 happen to). Here every case is placed: rests held while vLLM is full, released in the plan's order as requests come
 back, an abort that answers each held rest with its probe's tokens, a caller that goes away."""
@@ -13,12 +13,14 @@ from test_verl_rollout import compose
 
 class VLLMStandIn:
     """Stands in for vLLM behind verl's ``vLLMHttpServer.generate``: each request waits until ``finish`` lets it
-    end, then returns ``max_tokens`` tokens ("length" for a probe, as vLLM reports one it cut); ``abort`` ends every
+    end, then returns ``max_tokens`` tokens (a probe's finish reason "length" reported as vLLM's stat logger reports
+it, once the output is out); ``abort`` ends every
     waiting one "aborted" with no tokens."""
 
     def __init__(self):
         self.waiting: dict[str, asyncio.Future] = {}
         self.sent: list[str] = []
+        self.reasons: dict[str, str | None] = {}  # a probe's finish reason, where not "length" (None: never told)
 
     async def generate(self, server, prompt_ids, sampling_params, request_id, *args, priority=0, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
@@ -28,13 +30,17 @@ class VLLMStandIn:
         if not await done:
             return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted")
         n = int(sampling_params["max_tokens"])
-        if request_id.endswith("-probe"):
-            server._finish_reasons[request_id] = "length"
+        if request_id.endswith("-probe"):  # vLLM hands out the output, then records the step (its finish reasons)
+            from verl_infsample.integration.rollout.vllm import stats
+
+            reason = self.reasons.get(request_id, "length")
+            if reason is not None:
+                asyncio.get_running_loop().call_soon(stats.report_finished, request_id, reason)
         return TokenOutput(token_ids=[len(prompt_ids) % 50 + 1] * n, log_probs=[-0.5] * n, stop_reason="completed")
 
     async def finish(self, request_id: str) -> None:
         self.waiting.pop(request_id).set_result(True)
-        for _ in range(5):  # let the server hear of it and act
+        for _ in range(10):  # let the server hear of it (its output, then vLLM's record of the step) and act
             await asyncio.sleep(0)
 
     async def abort(self, server, *args, **kwargs):
@@ -62,7 +68,6 @@ def server(monkeypatch, tiny_model_dir):
     s = object.__new__(InfiniteVLLMServer)
     s.config = s._init_config(cfg.actor_rollout_ref.rollout)
     s._pd_decode_peers = []
-    s.engine = type("Engine", (), {"generate": None})()
     s._init_scheduling()
     s.vllm = vllm
     return s
@@ -141,7 +146,7 @@ def test_a_caller_that_goes_away_while_its_rest_is_held_leaves_nothing_behind(se
         assert order.held == 1
         calls[0].cancel()
         await asyncio.sleep(0)
-        assert order.held == 0 and order.in_engine == 5 and not server._turns
+        assert order.held == 0 and order.in_engine == 5 and not server.gate._turns
         while vllm.waiting:
             await vllm.finish(next(iter(vllm.waiting)))
         outs = await asyncio.gather(*calls[1:])
@@ -163,9 +168,9 @@ def test_slots_vllm_left_free_while_rests_were_held_widen_the_room(server):
         vllm, order = server.vllm, server.order
         calls = await _six_requests_probes_back(server, 3)
         assert order.held == 2 and order.room == 4 and order.in_engine == 4
-        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2))  # vLLM has work waiting
+        vllm_stats.report_step(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2))  # vLLM has work waiting
         assert order.held == 2 and order.room == 4 and not server._counts["starved_steps"]
-        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0))  # one of 2 slots free
+        vllm_stats.report_step(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0))  # one of 2 slots free
         await asyncio.sleep(0)
         assert order.room == 5 and order.held == 1 and server._counts["starved_steps"] == 1
         assert sorted(r for r in vllm.sent if not r.endswith("-probe")) == ["r0", "r1"]
@@ -173,8 +178,42 @@ def test_slots_vllm_left_free_while_rests_were_held_widen_the_room(server):
             await vllm.finish(next(iter(vllm.waiting)))
         outs = await asyncio.gather(*calls)
         assert order.held == 0 and all(len(o.token_ids) == 12 for o in outs)
-        vllm_stats._tell_listeners(SchedulerStats(num_running_reqs=0, num_waiting_reqs=0))  # none held: no change
+        vllm_stats.report_step(SchedulerStats(num_running_reqs=0, num_waiting_reqs=0))  # none held: no change
         assert order.room == 5 and server._counts["starved_steps"] == 1
         assert (await server.pop_step_metrics())["infsample/engine_room"] == 5
+
+    asyncio.run(scenario())
+
+
+def test_a_probe_that_stopped_at_its_last_token_ends_its_sample(server):
+    """vLLM's finish reason, not the token count, says whether a sample goes on: a probe that stopped ("stop") on
+    exactly its k-th token is the whole sample, and no rest is sent."""
+    async def scenario():
+        vllm = server.vllm
+        vllm.reasons["r0-probe"] = "stop"
+        call = asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, "r0"))
+        await asyncio.sleep(0)
+        await vllm.finish("r0-probe")
+        out = await asyncio.wait_for(call, 5)
+        assert out.stop_reason == "completed" and len(out.token_ids) == 4 and vllm.sent == ["r0-probe"]
+        assert server.order.in_engine == 0 and server._counts["probe_continuations"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_probe_without_a_finish_reason_fails_loudly(server, monkeypatch):
+    """Without vLLM's stat logger no finish reason comes: the request fails, naming why, rather than guess."""
+    from verl_infsample.integration.rollout.vllm import server as vllm_server
+
+    monkeypatch.setattr(vllm_server, "FINISH_REASON_TIMEOUT_S", 0.05)
+
+    async def scenario():
+        server.vllm.reasons["r0-probe"] = None
+        call = asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, "r0"))
+        await asyncio.sleep(0)
+        await server.vllm.finish("r0-probe")
+        with pytest.raises(RuntimeError, match="no finish reason for 'r0-probe'"):
+            await asyncio.wait_for(call, 5)
+        assert server.order.in_engine == 0 and not server._probe_reasons
 
     asyncio.run(scenario())

@@ -12,10 +12,12 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   batching refills freed slots in the plan's order and a group's samples share its prompt's cached blocks;
 - with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
   tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
-  waits in the server (``VLLMRequestOrder.hold``) until vLLM has room (its batch and as many waiting), then goes in
+  waits in the server (``gate.EngineGate``, the one owner of what is inside vLLM) until vLLM has room (its batch
+  and as many waiting), then goes in
   ranked by the predictions as they stand at that moment (siblings finished since, the step's first samples
   learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
-  ``infsample/probe_skipped``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
+  ``infsample/probe_skipped``). Whether a probe's sample goes on is vLLM's own finish reason for it ("length", not
+  "stop"), which its stat logger reports (``stats.on_finished``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
   each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
 - where samples run longest first by their own predictions, vLLM keeps ``REST_WATERMARK`` of its KV blocks free
   when it admits (its ``watermark``; ``VLLMRequestOrder.engine_watermark``): the long samples' KV grows together,
@@ -45,9 +47,11 @@ from ...settings import settings_from_rollout, vllm_ordering
 from . import probe
 from . import stats as vllm_stats
 from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
+from .gate import EngineGate
 from .order import OrderedRequest, VLLMRequestOrder, engine_room
 
 logger = logging.getLogger(__name__)
+FINISH_REASON_TIMEOUT_S = 30.0  # vLLM records a step's finished requests right after handing out their outputs
 vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
 
 
@@ -73,15 +77,15 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
                                       make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
                                       room=engine_room(max_num_seqs * int(self.config.data_parallel_size or 1)))
-        self._turns: dict[int, asyncio.Future] = {}  # id of a held request -> its turn (True: released)
+        self.gate = EngineGate(self.order, self._planning)
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
         self._group_size = int(self.config.n or 1)  # GRPO's rollout.n: the samples a prompt's group expects
         self._counts: Counter[str] = Counter()  # probes this step, for infsample/*
-        self._probe_ids: set[str] = set()
         self._refusals_logged: set[str] = set()
-        self._finish_reasons: dict[str, str] = {}
+        self._probe_reasons: dict[str, asyncio.Future] = {}  # a probe in flight -> vLLM's finish reason for it
         self._engine_slots = max_num_seqs  # one engine's (one data-parallel rank's) max_num_seqs
         vllm_stats.on_step(self._engine_step)
+        vllm_stats.on_finished(self._request_finished)
 
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
         super()._preprocess_engine_kwargs(engine_kwargs)
@@ -130,68 +134,44 @@ class InfiniteVLLMServer(vLLMHttpServer):
                     self._finished_lengths.append((self.order.finished(request, length), length))
             return output
         finally:
-            self._release_rests()  # what it freed (and taught) goes to the held rests
+            self.gate.release()  # what it freed (and taught) goes to the held rests
 
     async def _engine_generate(self, *args, released: bool = False, **kwargs):
-        """verl's ``generate``: one request into vLLM, counted inside it until it returns (``released``: a held rest,
-        counted by the order when it released it)."""
-        if not released:
-            self.order.enter()
-        try:
+        """verl's ``generate``: one request into vLLM, through the gate (``released``: a held rest, let in)."""
+        with self.gate.inside(released):
             return await super().generate(*args, **kwargs)
-        finally:
-            self.order.leave()
 
     async def _generate_probed(self, request: OrderedRequest, prompt_ids, sampling_params, request_id, total: int,
                                kwargs: dict):
         """The probe, then (unless it ended the sample) the rest at its own prediction's priority, joined."""
-        self._track_finish_reasons()
         k = self.order.probe_tokens
         probe_params, rest_params = probe.split_params(sampling_params, total, k)
         probe_id = f"{request_id}{probe.PROBE_SUFFIX}"
-        self._probe_ids.add(probe_id)
+        reason = self._probe_reasons[probe_id] = asyncio.get_running_loop().create_future()
         try:
             head = await self._engine_generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)
+            if head.stop_reason == "completed" and len(head.token_ids) >= k and not reason.done():
+                await asyncio.wait_for(reason, FINISH_REASON_TIMEOUT_S)  # "stop" or "length": vLLM says which
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"vLLM reported no finish reason for {probe_id!r} within {FINISH_REASON_TIMEOUT_S} s: "
+                               "the server's stat logger is missing (rollout.name=infinite needs vLLM's stats, "
+                               "do not set disable_log_stats)") from None
         finally:
-            self._probe_ids.discard(probe_id)
+            self._probe_reasons.pop(probe_id, None)
         self._counts["probes"] += 1
-        reason = self._finish_reasons.pop(probe_id, None)
-        if head.stop_reason != "completed" or reason != "length" or len(head.token_ids) < k:
+        if head.stop_reason != "completed" or len(head.token_ids) < k or reason.result() != "length":
             return head  # the sample ended within its probe (or was aborted: verl resumes it from its tokens)
         self._counts["probe_continuations"] += 1
         with self._planning():
             self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
-        if not await self._turn(request):  # aborted while held: verl resumes it from the probe's tokens
+        released, waited = await self.gate.turn(request)
+        self._counts["rests_held"] += waited  # vLLM was full: it waited here, to be ranked when it had room
+        if not released:  # aborted while held: verl resumes it from the probe's tokens
             self._counts["held_aborted"] += 1
             return head.model_copy(update={"stop_reason": "aborted"})
         rest = await self._engine_generate(list(prompt_ids) + list(head.token_ids), rest_params, request_id,
                                            priority=request.priority, released=True, **kwargs)
         return probe.join(head, rest)
-
-    async def _turn(self, request: OrderedRequest) -> bool:
-        """Hold ``request``'s rest until the order releases it (True), or an abort drops it (False)."""
-        with self._planning():
-            self.order.hold(request)
-        turn = self._turns[id(request)] = asyncio.get_running_loop().create_future()
-        self._release_rests()
-        if not turn.done():
-            self._counts["rests_held"] += 1  # vLLM was full: it waits here, to be ranked when it has room
-        try:
-            return await turn
-        except asyncio.CancelledError:  # its caller went away: it no longer waits, or no longer runs
-            self._turns.pop(id(request), None)
-            if self.order.withdraw(request) is None and turn.done() and not turn.cancelled() and turn.result():
-                self.order.leave()  # released, never sent
-            raise
-
-    def _release_rests(self) -> None:
-        """The held rests the order releases now go into vLLM."""
-        with self._planning():
-            released = self.order.release()
-        for request in released:
-            turn = self._turns.pop(id(request))
-            if not turn.done():
-                turn.set_result(True)
 
     def _engine_step(self, scheduler_stats) -> None:
         """An engine step's stats (vLLM's front end records them on this event loop): slots stood free with nothing
@@ -201,8 +181,15 @@ class InfiniteVLLMServer(vLLMHttpServer):
         free = self._engine_slots - scheduler_stats.num_running_reqs
         if free > 0 and scheduler_stats.num_waiting_reqs == 0 and self.order.held:
             self._counts["starved_steps"] += 1
-            self.order.widen(free)
-            self._release_rests()
+            self.gate.widen(free)
+
+    def _request_finished(self, request_id: str, finish_reason: str) -> None:
+        """vLLM finished a request (its stat logger reports each, on this event loop): a probe's reason says whether
+        its sample goes on ("length": cut at the probe's k tokens) or ended there (verl's ``generate`` answers
+        "completed" for both)."""
+        reason = self._probe_reasons.get(request_id)
+        if reason is not None and not reason.done():
+            reason.set_result(finish_reason)
 
     @contextmanager
     def _planning(self):
@@ -216,10 +203,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     async def abort_all_requests(self, *args, **kwargs):
         """verl's abort, and every held rest answered "aborted" with its probe's tokens (verl resumes it)."""
-        for request in self.order.drop_held():
-            turn = self._turns.pop(id(request), None)
-            if turn is not None and not turn.done():
-                turn.set_result(False)
+        self.gate.abort()
         return await super().abort_all_requests(*args, **kwargs)
 
     def _max_tokens(self, prompt_ids, sampling_params) -> int:
@@ -230,26 +214,6 @@ class InfiniteVLLMServer(vLLMHttpServer):
             total = min(int(self.config.response_length),
                         int(self.config.prompt_length) + int(self.config.response_length) - len(prompt_ids))
         return max(1, min(int(total), room))
-
-    def _track_finish_reasons(self) -> None:
-        """Record vLLM's finish reason of each probe (verl's ``generate`` maps both "stop" and "length" to
-        "completed"; only "length" means the sample goes on)."""
-        engine = self.engine
-        if getattr(engine, "_infsample_finish_reasons", None) is self._finish_reasons:
-            return
-        generate = engine.generate
-        reasons, probes = self._finish_reasons, self._probe_ids
-
-        async def generate_recording(*args, request_id, **kw):
-            last = None
-            async for out in generate(*args, request_id=request_id, **kw):
-                last = out
-                yield out
-            if request_id in probes and last is not None and last.outputs:
-                reasons[request_id] = last.outputs[0].finish_reason
-
-        engine.generate = generate_recording
-        engine._infsample_finish_reasons = reasons
 
     async def set_global_steps(self, global_steps: int):
         """verl's weight sync, before each step's rollout: a new step, its groups counted afresh."""

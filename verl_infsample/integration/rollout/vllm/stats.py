@@ -22,7 +22,7 @@ STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
-_step_listeners: list[weakref.WeakMethod] = []  # bound methods told each engine step's scheduler stats
+_listeners: dict[str, list[weakref.WeakMethod]] = {"step": [], "finished": []}  # bound methods, by what they hear
 
 
 def on_step(listener: Callable) -> None:
@@ -30,19 +30,40 @@ def on_step(listener: Callable) -> None:
     the event loop of its ``AsyncLLM`` (its output handler records the stats there). Held weakly: a bound method
     of an object gone is dropped."""
     with _lock:
-        _step_listeners.append(weakref.WeakMethod(listener))
+        _listeners["step"].append(weakref.WeakMethod(listener))
 
 
-def _tell_listeners(scheduler_stats) -> None:
-    if not _step_listeners:  # verl's own server: nothing listens
+def on_finished(listener: Callable) -> None:
+    """Call ``listener(request_id, finish_reason)`` for every request of this process that vLLM finished (its
+    reason as vLLM names it: "stop", "length", "abort", ...), on the same event loop, when vLLM records the step
+    (:func:`report_finished`). Held weakly, as :func:`on_step`'s."""
+    with _lock:
+        _listeners["finished"].append(weakref.WeakMethod(listener))
+
+
+def report_step(scheduler_stats) -> None:
+    """vLLM ran an engine step: every ``on_step`` listener hears its ``SchedulerStats`` (the stat logger reports
+    each step it records)."""
+    _tell("step", scheduler_stats)
+
+
+def report_finished(request_id: str, finish_reason: str) -> None:
+    """vLLM finished ``request_id`` for ``finish_reason``: every ``on_finished`` listener hears it (the stat
+    logger reports each request it records)."""
+    _tell("finished", request_id, finish_reason)
+
+
+def _tell(kind: str, *args) -> None:
+    if not _listeners[kind]:  # verl's own server: nothing listens
         return
     with _lock:
-        listeners = [ref() for ref in _step_listeners]
+        refs = _listeners[kind]
+        listeners = [ref() for ref in refs]
         if None in listeners:  # an object gone: its listener goes too
-            _step_listeners[:] = [ref for ref, fn in zip(_step_listeners, listeners) if fn is not None]
+            refs[:] = [ref for ref, fn in zip(refs, listeners) if fn is not None]
     for fn in listeners:
         if fn is not None:
-            fn(scheduler_stats)
+            fn(*args)
 
 
 def _logger_class():
@@ -70,7 +91,7 @@ def _logger_class():
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 self.peak_usage = max(self.peak_usage, scheduler_stats.kv_cache_usage)
-                _tell_listeners(scheduler_stats)
+                report_step(scheduler_stats)
             if iteration_stats is None:
                 return
             self.steps += 1
@@ -86,6 +107,8 @@ def _logger_class():
             self.last_t = now
             self.step_t.append(now)
             for done in iteration_stats.finished_requests:
+                if done.request_id is not None:
+                    report_finished(done.request_id, str(done.finish_reason))
                 key = (done.request_id or f"#{len(self.samples)}").removesuffix(PROBE_SUFFIX)
                 arrival = now - done.e2e_latency
                 sample = self.samples.setdefault(key, [arrival, 0])
