@@ -104,6 +104,21 @@ class Capacity:
         return self
 
 
+class Unbounded(Capacity):
+    """Binds nothing: every sample fits, nothing overflows (``full``'s whole groups at once, whatever memory says)."""
+
+    def admits(self, sample: Sample, ledger: Ledger) -> bool:
+        return True
+
+    fits_now = admits
+
+    def lanes(self, mean_footprint: float) -> int:
+        return 1
+
+    def __str__(self) -> str:
+        return "unbounded"
+
+
 @dataclass(frozen=True)
 class SlotPool(Capacity):
     slots: int

@@ -33,18 +33,30 @@ from typing import Callable
 import numpy as np
 
 from .admission import Fits, PlannedOrderAdmission, SkylinePacedAdmission
+from .capacity import Capacity, Ledger, Unbounded
 from .fptas import fptas_schedule
-from .predictor import LengthPredictor, OraclePredictor
+from .predictor import LengthPredictor, OraclePredictor, WorstCasePredictor
 from .sample import Sample, SampleState
 from .skyline import Footprints, plan_skyline
 
 
 class Policy:
+    """A policy answers what it plans on (``predictor_for``), which capacity it keeps to (``enforced``) and how a
+    sample is judged to fit (``admission_rule``), then orders and admits (``plan``, ``select``)."""
+
     name: str = ""
-    uses_predictor = False  # baselines reserve max_len; predictive policies reserve predicted_len
-    ignores_capacity = False
-    reserves_growth = True  # admit only if the projected peak fits; False: if the next step fits (overcommit)
-    forced_predictor: Callable[[], LengthPredictor] | None = None  # e.g. oracle: the true lengths
+
+    def predictor_for(self, predictor: LengthPredictor) -> LengthPredictor:
+        """The predictor this policy plans on, given the rollout's: a baseline plans every sample at its cap."""
+        return WorstCasePredictor()
+
+    def enforced(self, capacity: Capacity) -> Capacity:
+        """The capacity this policy keeps to (checked at start, admitted against, preempted for)."""
+        return capacity
+
+    def admission_rule(self, capacity: Capacity) -> Callable[[Sample, Ledger], bool]:
+        """Whether a sample may start now: its growth to its predicted length reserved."""
+        return capacity.admits
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         """Called once with every sample of the batch, in (group, index) order.
@@ -100,12 +112,21 @@ class PlainSubmissionPolicy(Policy):
     while the next step fits, preempted (latest first, back to the head of the line) when the KV runs out."""
 
     name = "plain"
-    reserves_growth = False
+
+    def admission_rule(self, capacity: Capacity) -> Callable[[Sample, Ledger], bool]:
+        """Admitted while the next step fits, no reservation for growth (the engine preempts when it outgrows)."""
+        return capacity.fits_now
 
 
-class LongestPredictedFirstPolicy(Policy):
+class PredictivePolicy(Policy):
+    """A policy that plans on the rollout's predictor."""
+
+    def predictor_for(self, predictor: LengthPredictor) -> LengthPredictor:
+        return predictor
+
+
+class LongestPredictedFirstPolicy(PredictivePolicy):
     name = "lpt"
-    uses_predictor = True
 
     def plan(self, samples: list[Sample], lanes: int, memory: Footprints | None = None) -> None:
         self.queue = deque(sorted(samples, key=lambda s: (-s.predicted_len, s.uid)))
@@ -154,7 +175,10 @@ class MicroGroupPolicy(Policy):
 
 class FullGroupPolicy(MicroGroupPolicy):
     name = "full"
-    ignores_capacity = True
+
+    def enforced(self, capacity: Capacity) -> Capacity:
+        """Whole groups at once, whatever the capacity says (the baseline that shows what memory caps)."""
+        return Unbounded()
 
     def __init__(self):
         super().__init__(round_size=None)
@@ -183,13 +207,12 @@ def chunk_groups(groups: list[int], prompt_lens: list[int], allowance: float) ->
     return chunks
 
 
-class InfiniteSamplingPolicy(Policy):
+class InfiniteSamplingPolicy(PredictivePolicy):
     """Global plan (FPTAS over M slots; memory skyline under a KV budget), admitted by the rule that fits the plan
     (``core/admission.py``): planned order with SJF refill of what the planned head cannot use, or, with a skyline
     plan, its planned starts with backfill of samples that end before the head's."""
 
     name = "infinite"
-    uses_predictor = True
 
     def __init__(self, fptas_eps: float = 0.02):
         self.fptas_eps = fptas_eps
@@ -296,7 +319,10 @@ class InfiniteSamplingPolicy(Policy):
 
 class OraclePolicy(InfiniteSamplingPolicy):
     name = "oracle"
-    forced_predictor = OraclePredictor
+
+    def predictor_for(self, predictor: LengthPredictor) -> LengthPredictor:
+        """The true lengths, whatever the rollout's predictor."""
+        return OraclePredictor()
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {

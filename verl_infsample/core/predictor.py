@@ -12,6 +12,8 @@ predictor that ``reads_tokens``, and the scheduler asks ``predict_outgrown`` onl
 
 from __future__ import annotations
 
+import math
+
 from bisect import bisect_right
 from collections import defaultdict, deque
 from functools import partial
@@ -107,6 +109,16 @@ class NoisyOraclePredictor(_Stateless):
             rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(sample.group,)))
             self._noise[key] = np.exp(self.sigma * rng.standard_normal(group.size))
         return float(min(self.max_len, max(1.0, true * self._noise[key][sample.index])))
+
+
+class WorstCasePredictor(_Stateless):
+    """Every sample runs to its cap (the scheduler clips a prediction to it): what a policy that reads no prediction
+    plans and reserves on (``Policy.predictor_for``)."""
+
+    name = "-"
+
+    def predict(self, group: Group, sample: Sample) -> float:
+        return math.inf
 
 
 class NoInformationPredictor(_Stateless):

@@ -59,7 +59,10 @@ class Scheduler:
         holds a slot: the plan can then order samples *within* a group, not just groups."""
         if max_len < 1:
             raise ValueError(f"max_len (response length) must be >= 1, got {max_len}")
+        predictor = policy.predictor_for(predictor)  # what the policy plans on (a baseline: every sample's cap)
         self.policy, self.capacity, self.predictor = policy, capacity, predictor
+        self.enforced = policy.enforced(capacity)  # what admission and preemption keep to
+        self.fits = policy.admission_rule(self.enforced)  # (sample, this ledger) -> may it start now
         self.max_len = max_len
         self.check_fits(groups)
         self.groups: list[Group] = []
@@ -80,7 +83,7 @@ class Scheduler:
         self._finished = 0
         self.stats = SchedulerStats()
         # a predictor with ``observe_tokens`` refines predictions as tokens arrive and siblings finish
-        self.refines_predictions = policy.uses_predictor and predictor.reads_tokens
+        self.refines_predictions = predictor.reads_tokens
         # Predictions are read while decoding only under a KV budget: the admission projection reads the running
         # samples', the SJF refill of what the planned head cannot use the waiting ones'. Under slots, where any
         # sample fits a free slot and a running one keeps its slot until it ends, a waiting sample's prediction is
@@ -88,8 +91,7 @@ class Scheduler:
         # checkpoints only teach the predictor (nothing re-predicts it).
         self._read_while_decoding = capacity.charges_kv
         # a running sample past its predicted length gets a new one before admission projects its growth (KV only)
-        self._repredict_outgrown = (capacity.charges_kv and policy.uses_predictor
-                                    and predictor.repredicts_outgrown)
+        self._repredict_outgrown = capacity.charges_kv and predictor.repredicts_outgrown
         # (decode step at which it reaches its prediction, tiebreak, running sample): watched, not scanned each step
         self._outgrowing: list[tuple[int, int, Sample]] = []
         self._tiebreak = itertools.count()
@@ -116,9 +118,8 @@ class Scheduler:
         for g in groups:
             if g.max_len is not None and g.max_len > self.max_len:
                 raise ValueError(f"group {g.prompt_id!r}: max_len {g.max_len} exceeds the batch's {self.max_len}")
-        if not self.policy.ignores_capacity:
-            for prompt_len, cap in sorted({(g.prompt_len, g.max_len or self.max_len) for g in groups}):
-                self.capacity.check_fits(prompt_len, cap)
+        for prompt_len, cap in sorted({(g.prompt_len, g.max_len or self.max_len) for g in groups}):
+            self.enforced.check_fits(prompt_len, cap)
 
     def _append(self, groups: list[Group], true_lengths: list[list[int]] | None) -> list[Sample]:
         """``groups`` join the batch (at its start, or while it decodes): their samples, waiting, and their ledgers."""
@@ -169,7 +170,7 @@ class Scheduler:
             self._look_ahead(first_tokens, new)
         t1 = time.perf_counter()
         for s in new:
-            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self._cap(s))
+            s.predicted_len = self._predicted_len(s)
         t2 = time.perf_counter()
         waiting = [s for s in self.samples if s.state is SampleState.WAITING]
         footprint = (sum(s.predicted_len for s in waiting) + sum(self.groups[g].prompt_len for g in
@@ -185,7 +186,7 @@ class Scheduler:
     def _plan(self) -> None:
         t0 = time.perf_counter()
         for s in self.samples:
-            s.predicted_len = self._predicted_len(s) if self.policy.uses_predictor else float(self._cap(s))
+            s.predicted_len = self._predicted_len(s)
         t1 = time.perf_counter()
         mean_footprint = (sum(s.predicted_len for s in self.samples) + sum(g.prompt_len for g in self.groups)) / max(
             1, len(self.samples))
@@ -275,11 +276,7 @@ class Scheduler:
     def admit(self) -> list[Sample]:
         if self._outgrowing and self._outgrowing[0][0] <= self._decoded:  # a running sample reached its prediction
             self._predict_outgrown()
-        if self.policy.ignores_capacity:
-            fits = lambda s: True  # noqa: E731
-        else:
-            check = self.capacity.admits if self.policy.reserves_growth else self.capacity.fits_now
-            fits = lambda s: check(s, self)  # noqa: E731
+        fits = lambda s: self.fits(s, self)  # noqa: E731
         admitted = []
         self._admitting, self._arrays = True, None
         try:
@@ -328,9 +325,7 @@ class Scheduler:
     def make_room(self) -> list[Sample]:
         """Preempt the latest admitted samples until the next step fits the budget (never the last one)."""
         preempted: list[Sample] = []
-        if self.policy.ignores_capacity:
-            return preempted
-        while len(self.running) > 1 and self.capacity.overflows(self):
+        while len(self.running) > 1 and self.enforced.overflows(self):
             s = self.running.pop()
             self._release(s)
             s.state = SampleState.WAITING
@@ -421,9 +416,8 @@ def build_scheduler(groups: list[Group], policy: str, capacity: Capacity, predic
                     true_lengths: list[list[int]] | None = None,
                     prompt_tokens: list[Sequence[int] | None] | None = None,
                     first_tokens: Callable[[list[Sample]], list] | None = None) -> Scheduler:
-    """A ``Scheduler`` for a policy by name (``predict.make_predictor`` builds a predictor by spec); a policy that
-    brings its own predictor (``oracle``) gets it. Under M slots naive's rounds hold M."""
+    """A ``Scheduler`` for a policy by name (``predict.make_predictor`` builds a predictor by spec; the policy says
+    which it plans on: ``Policy.predictor_for``). Under M slots naive's rounds hold M."""
     pol = make_policy(policy, slots=capacity.slots, fptas_eps=fptas_eps)
-    pred = pol.forced_predictor() if pol.forced_predictor is not None else predictor
-    return Scheduler(groups, pol, capacity, pred, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens,
+    return Scheduler(groups, pol, capacity, predictor, max_len, true_lengths=true_lengths, prompt_tokens=prompt_tokens,
                      first_tokens=first_tokens)

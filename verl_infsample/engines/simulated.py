@@ -41,8 +41,8 @@ class SimulatedEngine:
     def step(self, sched: Scheduler) -> tuple[list[Sample], int]:
         running = sched.running
         steps = min(s.true_len - s.generated for s in running)
-        if sched.capacity.charges_kv and not sched.policy.ignores_capacity:
-            steps = _steps_until_full(sched.capacity, running, steps)
+        if sched.enforced.charges_kv:
+            steps = _steps_until_full(sched.enforced, running, steps)
         wake = sched.policy.wake_at(sched.stats.decode_steps)
         if wake is not None:  # a planned start comes before the next retirement
             steps = min(steps, wake - sched.stats.decode_steps)
@@ -157,9 +157,9 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
         engine = SimulatedEngine(prefill_chunk)
     run_rollout(engine, sched, on_step=on_step)
     st: SchedulerStats = sched.stats
-    bound = _lower_bound_steps(trace, capacity, pol)
+    bound = _lower_bound_steps(trace, sched.enforced)
     result = SimulationResult(
-        policy=policy, predictor=pred.name if pol.uses_predictor else "-", capacity=str(capacity),
+        policy=policy, predictor=pred.name, capacity=str(capacity),
         decode_steps=st.decode_steps, lower_bound_steps=bound, steps_vs_bound=round(st.decode_steps / bound, 4),
         peak_active=st.peak_active, peak_kv_tokens=st.peak_kv_tokens, preemptions=st.preemptions,
         recompute_tokens=st.recompute_tokens,
@@ -169,7 +169,7 @@ def simulate(trace: list[TracePrompt], policy: str, capacity: Capacity, predicto
     return (result, sched) if return_scheduler else result
 
 
-def _lower_bound_steps(trace: list[TracePrompt], capacity: Capacity, policy) -> int:
+def _lower_bound_steps(trace: list[TracePrompt], capacity: Capacity) -> int:
     """No schedule finishes sooner.
 
     Slots: max(longest sample, ceil(total tokens / M)). KV budget: every step holds at most ``budget`` tokens,
@@ -178,7 +178,7 @@ def _lower_bound_steps(trace: list[TracePrompt], capacity: Capacity, policy) -> 
     """
     lengths = [n for p in trace for n in p.lengths]
     longest = max(lengths)
-    if policy.ignores_capacity:
+    if capacity.slots is None and not capacity.charges_kv:  # unbounded: whole groups at once
         return int(max(longest, math.ceil(sum(lengths) / max(p.group_size for p in trace))))
     if capacity.slots is not None:
         return int(max(longest, math.ceil(sum(lengths) / capacity.slots)))

@@ -11,7 +11,6 @@ verl's is instrumented where ``VERL_INFSAMPLE_VLLM_STATS=1`` and the lab is inst
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import weakref
 from typing import Callable
