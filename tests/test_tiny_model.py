@@ -28,8 +28,12 @@ SMALL = dict(train_steps=3, corpus_size=300)  # quick builds for the properties 
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    return tiny.build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+def model_dir(tiny_model_dir):
+    """The default build, as ``tiny_model_path`` caches it (the same parameters and weights a fresh
+    ``build_tiny_model`` gives: the fingerprint covers them), built once for the whole suite."""
+    from pathlib import Path
+
+    return Path(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")
