@@ -1,6 +1,8 @@
 """The engine-agnostic core: samples, groups, capacity, plans, policies, predictors and the scheduler loop.
 
-Pure Python + numpy: nothing here imports torch, Ray or verl.
+Pure Python + numpy: nothing here imports torch, Ray or verl. Where it runs: inside the transformers engine's rollout
+thread (the scheduler, one call per decode step), in the simulator and the replay (the same calls, in process), and
+on vLLM only through the server's request order (``integration.rollout.vllm``), on the server's event loop.
 """
 
 from .capacity import KVBudget, PagedKVBudget, SlotPool

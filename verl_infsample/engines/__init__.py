@@ -1,4 +1,5 @@
-"""Decode engines behind one protocol (``base.Engine``); heavy ones (transformers, vLLM) import lazily."""
+"""Decode engines behind one protocol (``base.Engine``): the transformers engine (torch, imported lazily), which
+runs in a transformers server's rollout thread, and the step-exact simulator, which runs wherever it is called."""
 
 from .base import Engine, run_rollout
 from .simulated import SimulatedEngine, SimulationResult, simulate

@@ -52,7 +52,6 @@ from .order import OrderedRequest, VLLMRequestOrder, engine_room
 
 logger = logging.getLogger(__name__)
 FINISH_REASON_TIMEOUT_S = 30.0  # vLLM records a step's finished requests right after handing out their outputs
-vllm_stats.instrument(_verl_vllm)  # this process builds our server's AsyncLLM: it carries the step's figures
 
 
 def _vllm_has_watermark() -> bool:
@@ -66,6 +65,8 @@ def _vllm_has_watermark() -> bool:
 
 class InfiniteVLLMServer(vLLMHttpServer):
     def __init__(self, *args, **kwargs):
+        # this actor's process builds our server's AsyncLLM (verl's module builds it): it carries the step's figures
+        vllm_stats.instrument(_verl_vllm)
         super().__init__(*args, **kwargs)
         self._init_scheduling()
 
