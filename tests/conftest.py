@@ -25,7 +25,8 @@ def pytest_configure(config):
     executor and other children without their cleanup, which leaves shared-memory segments in /dev/shm; the run
     removes the ones it created (``integration.cpu.leftovers``) once every child has ended. With pytest-xdist the
     controller does both, once every worker has ended."""
-    config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine (make test-fast skips)")
+    config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine, or needs a trained tiny "
+                            "model (make test-fast skips)")
     if not hasattr(config, "workerinput"):
         config._infsample_tmp = tempfile.mkdtemp(prefix="infsample-tests-")
         os.environ["TMPDIR"] = config._infsample_tmp
@@ -36,8 +37,9 @@ def pytest_configure(config):
 
 
 # What ``make test-fast`` leaves out (``-m "not integration"``): tests that start Ray, verl's trainer, a vLLM
-# engine or a decoding engine, found by the fixtures they use or the module they live in.
-INTEGRATION_FIXTURES = {"ray_local", "tiny_engine", "tiny_tools_model_dir", "vllm_model_dir"}
+# engine or a decoding engine, or need a trained tiny model (a minute's build), found by the fixtures they use or the
+# module they live in. What only loads or decodes a checkpoint, whatever it says, takes ``tiny_checkpoint_dir``.
+INTEGRATION_FIXTURES = {"ray_local", "tiny_engine", "tiny_model_dir", "tiny_tools_model_dir", "vllm_model_dir"}
 INTEGRATION_MODULES = {"test_grpo_exact", "test_tool_agent", "test_tool_agent_async", "test_vllm_engine",
                        "test_vllm_stats", "test_verl_router", "test_server_sampling", "test_transformers_engine",
                        "test_cpu_platform", "test_predictor_learned"}
@@ -100,6 +102,16 @@ def tiny_model_dir():
     from infsample_lab.models.tiny import tiny_model_path
 
     return str(tiny_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_dir(tmp_path_factory):
+    """A tiny Qwen3 checkpoint built in seconds (3 training steps): a real Hugging Face folder (config, tokenizer,
+    weights) for tests that load or decode one, whatever it says."""
+    from infsample_lab.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-checkpoint") / "model", train_steps=3,
+                                corpus_size=300))
 
 
 @pytest.fixture(scope="session")

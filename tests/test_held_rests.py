@@ -51,14 +51,14 @@ it, once the output is out); ``abort`` ends every
 
 
 @pytest.fixture
-def server(monkeypatch, tiny_model_dir):
+def server(monkeypatch, tiny_checkpoint_dir):
     """An ``InfiniteVLLMServer`` with verl's config (2 slots: 4 requests inside vLLM at most, learned:k=4 probes),
     verl's ``generate`` and ``abort_all_requests`` answered by the stand-in."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
     from verl_infsample.integration.rollout.vllm.server import InfiniteVLLMServer
 
-    cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.custom.engine=vllm",
+    cfg = compose(f"actor_rollout_ref.model.path={tiny_checkpoint_dir}", "actor_rollout_ref.rollout.custom.engine=vllm",
                   "actor_rollout_ref.rollout.custom.slots=2", "actor_rollout_ref.rollout.n=6",
                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'",
                   "actor_rollout_ref.rollout.max_model_len=512", "trainer.device=cpu")

@@ -284,13 +284,13 @@ def test_infinite_learns_each_samples_prediction_after_its_probe():
     assert probed.computed_tokens > whole.computed_tokens - whole.recomputed_tokens  # the rests' prefills count
 
 
-def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
+def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_checkpoint_dir):
     """verl's own dump writer (the V1 trainer's ``_write_generations``) makes the files; ``trace from-verl`` groups
     them by prompt and step, in tokens of the run's tokenizer, steps renumbered from 0."""
     from transformers import AutoTokenizer
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint_dir)
     prompts, outputs = ["add 1 and 2", "add 3 and 4"], [["3", "it is 3 3 3"], ["7 7", "7"]]
     for step in (1, 2):
         inputs = [p for p in prompts for _ in range(2)]
@@ -298,7 +298,7 @@ def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
         PPOTrainer._write_generations(inputs, outs, [None] * 4, [0.0] * 4, {"uid": list(range(4))},
                                       str(tmp_path / "dump"), step)
     out = tmp_path / "t.jsonl"
-    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 0
+    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_checkpoint_dir, "--out", str(out)]) == 0
     trace = read_trace(out)
     assert [p.step for p in trace] == [0, 0, 1, 1]
     assert trace[0].prompt_id == trace[2].prompt_id != trace[1].prompt_id  # a prompt keeps its id across steps
@@ -309,8 +309,8 @@ def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_model_dir):
     assert first.prompt_len == len(first.prompt_tokens)
     assert [list(first.opening(i)) for i in range(2)] == [r[:16] for r in responses]  # what a probe reads
     (tmp_path / "dump" / "3.jsonl").write_text('{"input": 1}\n')
-    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
-    assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_model_dir, "--out", str(out)]) == 2
+    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_checkpoint_dir, "--out", str(out)]) == 2
+    assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_checkpoint_dir, "--out", str(out)]) == 2
 
 
 def test_the_learned_predictor_replays_on_openings_as_the_server_runs_it(tmp_path):

@@ -20,7 +20,7 @@ def test_entry_point_registers_without_any_import_of_ours():
     assert out.stdout.split() == ["make_rollout_adapter", "make_replica"]
 
 
-def test_on_vllm_the_infinite_replica_is_verls_vllm_replica_with_our_server(tiny_model_dir):
+def test_on_vllm_the_infinite_replica_is_verls_vllm_replica_with_our_server(tiny_checkpoint_dir):
     """custom.engine=vllm: verl's vLLM replica and server (weight transfer, sleep, TP/DP layout) with our scheduling,
     named as verl's worker-side ServerAdapter looks them up for rollout.name=infinite; the transformers engine keeps
     one InfiniteServer per replica and refuses a data-parallel layout by name."""
@@ -30,7 +30,7 @@ from hydra import compose, initialize_config_dir
 from verl.workers.rollout.replica import get_rollout_replica_class
 with initialize_config_dir(config_dir={CONFIGS!r}, version_base=None):
     def cfg(*o):
-        c = compose(config_name="infinite_grpo", overrides=["actor_rollout_ref.model.path={tiny_model_dir}", *o])
+        c = compose(config_name="infinite_grpo", overrides=["actor_rollout_ref.model.path={tiny_checkpoint_dir}", *o])
         return dict(replica_rank=0, config=c.actor_rollout_ref.rollout, model_config=c.actor_rollout_ref.model,
                     gpus_per_node=1)
     cls = get_rollout_replica_class("infinite")
@@ -148,13 +148,13 @@ def test_the_engine_follows_the_hardware():
     assert choose_dtype("bfloat16", device="cpu", rollout_dtype=None) == "bfloat16"
 
 
-def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_float32(tiny_model_dir):
+def test_on_this_cpu_the_default_server_decodes_with_the_transformers_engine_in_float32(tiny_checkpoint_dir):
     import torch
 
     from verl_infsample.engines.transformers_engine import TransformersEngine
     from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
-    server = InfiniteServer(compose().actor_rollout_ref.rollout, {"path": tiny_model_dir})
+    server = InfiniteServer(compose().actor_rollout_ref.rollout, {"path": tiny_checkpoint_dir})
     assert isinstance(server.engine, TransformersEngine)
     param = next(server.engine.model.parameters())
     assert (param.device.type, param.dtype) == ("cpu", torch.float32)
@@ -182,17 +182,17 @@ def _engine_in_sleep_mode(model_dir):
 
 
 @pytest.mark.parametrize("free_cache_engine", [True, False])
-def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_model_dir, free_cache_engine):
+def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_checkpoint_dir, free_cache_engine):
     """verl's lifecycle on an engine with sleep mode: sleep frees weights and KV (level 1: the weights come back as they
     were), release_kv_cache only the KV, wake_up(tags) what it names, and a request that arrives while the engine
     sleeps wakes it before decoding; with rollout.free_cache_engine=false nothing is freed."""
     from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
-    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_checkpoint_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0",
                       f"actor_rollout_ref.rollout.free_cache_engine={free_cache_engine}").actor_rollout_ref.rollout
-    server = InfiniteServer(rollout, {"path": tiny_model_dir})
-    engine = server.engine = _engine_in_sleep_mode(tiny_model_dir)
+    server = InfiniteServer(rollout, {"path": tiny_checkpoint_dir})
+    engine = server.engine = _engine_in_sleep_mode(tiny_checkpoint_dir)
     params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=False)
 
     async def scenario():
@@ -214,15 +214,15 @@ def test_server_sleeps_and_wakes_an_engine_with_sleep_mode_as_verl_does(tiny_mod
     assert not engine.asleep
 
 
-def test_server_sleep_after_release_kv_cache_frees_the_weights_too(tiny_model_dir):
+def test_server_sleep_after_release_kv_cache_frees_the_weights_too(tiny_checkpoint_dir):
     """verl may release the KV (release_kv_cache) and later put the replica to sleep: vLLM sleeps only from an engine
     fully awake, so the server wakes the KV, sleeps, and both stay freed until the next wake_up or request."""
     from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
-    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=8",
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_checkpoint_dir}", "actor_rollout_ref.rollout.response_length=8",
                       "actor_rollout_ref.rollout.custom.batch_window_ms=0").actor_rollout_ref.rollout
-    server = InfiniteServer(rollout, {"path": tiny_model_dir})
-    engine = server.engine = _engine_in_sleep_mode(tiny_model_dir)
+    server = InfiniteServer(rollout, {"path": tiny_checkpoint_dir})
+    engine = server.engine = _engine_in_sleep_mode(tiny_checkpoint_dir)
 
     async def scenario():
         await server.release_kv_cache()
@@ -387,15 +387,15 @@ def test_worker_placement_puts_a_replica_on_its_workers_node_and_devices():
         WorkerPlacement.of([("n1", ["0"]), ("n2", ["0"])], 1)
 
 
-def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in(tiny_model_dir):
+def test_the_same_batch_gets_the_same_plan_whatever_order_its_requests_arrive_in(tiny_checkpoint_dir):
     """verl's agent loop sends a step's requests concurrently, so they reach the server in any order. The server hands
     the engine its groups by prompt and their samples by index whatever the order, so the plan (and the decode steps
     it takes) repeats from run to run, as the tokens do (keyed by sample index)."""
     from verl_infsample.integration.rollout.transformers.server import InfiniteServer
 
-    rollout = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.response_length=12",
+    rollout = compose(f"actor_rollout_ref.model.path={tiny_checkpoint_dir}", "actor_rollout_ref.rollout.response_length=12",
                       "actor_rollout_ref.rollout.custom.slots=3").actor_rollout_ref.rollout
-    server = InfiniteServer(rollout, {"path": tiny_model_dir})
+    server = InfiniteServer(rollout, {"path": tiny_checkpoint_dir})
     seen = []
     inner = server.engine.rollout
 
