@@ -37,11 +37,12 @@ def test_parse_step_lines():
                                           "infsample/samples": 64.0}}
 
 
-def run_two_steps(script: Path, work: Path, knobs: dict[str, str], *overrides: str) -> dict[int, dict[str, float]]:
-    """Two GRPO steps of an example script (``examples/cpu_env.sh``'s ``knobs``), as a user runs it; verl's console
-    metrics per step. A run that fails or hangs fails the test with the end of its output."""
+def run_two_steps(script: Path, work: Path, knobs: dict[str, str], *overrides: str,
+                  steps: int = 2) -> dict[int, dict[str, float]]:
+    """Two GRPO steps (or ``steps``) of an example script (``examples/cpu_env.sh``'s ``knobs``), as a user runs it;
+    verl's console metrics per step. A run that fails or hangs fails the test with the end of its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
-    env.update(PYTHON=sys.executable, STEPS="2", NGPUS="1", **knobs)
+    env.update(PYTHON=sys.executable, STEPS=str(steps), NGPUS="1", **knobs)
     work.parent.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.run(["bash", str(script), str(work), *overrides], capture_output=True, text=True,
@@ -52,9 +53,9 @@ def run_two_steps(script: Path, work: Path, knobs: dict[str, str], *overrides: s
                     f"{output.decode(errors='replace')[-6000:]}")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
-    steps = parse_step_lines(output)
-    assert sorted(steps) == [1, 2], output[-6000:]
-    return steps
+    metrics = parse_step_lines(output)
+    assert sorted(metrics) == list(range(1, steps + 1)), output[-6000:]
+    return metrics
 
 
 def _train(work, model_dir, rollout="infinite", engine="auto", n=N, *overrides) -> dict[int, dict[str, float]]:

@@ -257,16 +257,16 @@ STEPS_N, STEPS_BATCH = 16, 2
 e2e = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
 
 
-def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *overrides: str
+def _train(work: Path, model_dir: str, rollout: str, engine: str, tool: str, *overrides: str, steps: int = 2
            ) -> dict[int, dict[str, float]]:
-    """Two GRPO steps of the tools example script."""
+    """Two GRPO steps (or ``steps``) of the tools example script."""
     from test_grpo_cpu_e2e import run_two_steps
 
     # a learning rate that moves every weight (Adam), so step 2 samples with other weights than step 1
     return run_two_steps(SCRIPT, work, dict(MODEL_PATH=model_dir, N=str(STEPS_N), BATCH=str(STEPS_BATCH),
                                             ROLLOUT=rollout, ENGINE=engine, TOOL=tool),
                          "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.entropy_coeff=0.01",
-                         *overrides)
+                         *overrides, steps=steps)
 
 
 def _check_tool_rounds(steps: dict[int, dict[str, float]], synced: bool = True) -> None:
@@ -321,10 +321,10 @@ def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
 @e2e
 @pytest.mark.timeout(1200)
 def test_verls_own_vllm_rollout_reports_the_same(tmp_path, tiny_tools_model_dir, vllm_run):
-    """The baseline, verl's rollout.name=vllm on the same script: it passes the same checks, and reports the same
-    metrics (ours add the rollout's infsample/* figures)."""
-    baseline = _train(tmp_path / "run", tiny_tools_model_dir, "vllm", "auto", "class")
-    _check_tool_rounds(baseline)
-    for k in (1, 2):
-        ours = {key for key in vllm_run[k] if not key.startswith("infsample/")}
-        assert ours == set(baseline[k]), sorted(ours ^ set(baseline[k]))
+    """The baseline, verl's rollout.name=vllm on the same script: its first step passes the same checks, and reports
+    the same metrics (ours add the rollout's infsample/* figures). One step: the second, with the weights the first
+    trained, is what our runs check for exactness; the baseline's is verl's own business."""
+    baseline = _train(tmp_path / "run", tiny_tools_model_dir, "vllm", "auto", "class", steps=1)
+    _check_tool_rounds(baseline, synced=False)
+    ours = {key for key in vllm_run[1] if not key.startswith("infsample/")}
+    assert ours == set(baseline[1]), sorted(ours ^ set(baseline[1]))

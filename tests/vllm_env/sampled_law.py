@@ -1,0 +1,67 @@
+"""Samples of the tiny model from vLLM on the CPU, with or without drafts, for ``tests/test_spec_decode_law.py``.
+
+Not named test_*.py on purpose: each run is a process of its own (one vLLM engine, with one speculative config).
+
+    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram SAMPLES [--seed S]
+
+prints one JSON object: for each prompt and each sampling setting ("t1": temperature 1; "top_p": temperature 1,
+top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled), and
+the engine's spec-decode counters (drafted and accepted tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
+PROMPTS = 3
+MAX_TOKENS = 64
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("drafts", choices=["none", "ngram"])
+    p.add_argument("samples", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from infsample_lab.models.tiny import model_prompts
+
+    spec = None if args.drafts == "none" else {"method": "ngram", "num_speculative_tokens": 4,
+                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    llm = LLM(model=args.model, dtype="float32", gpu_memory_utilization=0.1, max_model_len=512, enforce_eager=True,
+              seed=args.seed, max_num_seqs=64, speculative_config=spec, disable_log_stats=False)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    eos = json.loads((Path(args.model) / "config.json").read_text())["eos_token_id"]
+    texts = model_prompts(args.model, n=PROMPTS)
+    ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False) for t in texts]
+    out: dict = {"samples": {}}
+    for name, setting in SETTINGS.items():
+        requests, params = [], []
+        for i, prompt in enumerate(ids):
+            for j in range(args.samples):
+                requests.append(TokensPrompt(prompt_token_ids=prompt))
+                params.append(SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=[eos], logprobs=0,
+                                             seed=args.seed * 1_000_003 + i * 10_007 + j, **setting))
+        results = llm.generate(requests, params, use_tqdm=False)
+        for k, res in enumerate(results):
+            o = res.outputs[0]
+            lps = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)]
+            out["samples"].setdefault(f"{name}/{k // args.samples}", []).append(
+                [len(o.token_ids), sum(lps) / max(1, len(lps))])
+    counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    out["drafted"] = counters.get("vllm:spec_decode_num_draft_tokens", 0)
+    out["accepted"] = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
