@@ -38,7 +38,6 @@ from verl_infsample.core.trace import TracePrompt
 from verl_infsample.integration.rollout.vllm.probe import PROBE_SUFFIX
 from .vllm_replica import ReplayRequest, prompt_token_ids
 
-BACKENDS = ("vllm", "infinite", "oracle", "transformers")
 ROUTERS = ("verl", "group_affinity")  # infinite's router: verl's own (the product's on vLLM), or ours
 
 
@@ -250,13 +249,34 @@ class TransformersBackend(InfiniteBackend):
             self.router.observe_lengths([(prompt_key(s.prompt_tokens), length) for s, length in done])
 
 
+@dataclass(frozen=True)
+class BackendSettings:
+    """What a replay hands every backend it builds (each takes what it uses)."""
+
+    replicas: int
+    predictor: str
+    max_response_length: int
+    seed: int = 0
+    router: str = "group_affinity"
+    probe_tokens: int = 0
+    max_num_seqs: int = 256
+
+
+BACKEND_FACTORIES = {
+    "vllm": lambda b: VerlVLLMBackend(b.replicas, b.seed),
+    "infinite": lambda b: InfiniteBackend(b.replicas, b.predictor, b.max_response_length, seed=b.seed, router=b.router,
+                                          probe_tokens=b.probe_tokens, max_num_seqs=b.max_num_seqs),
+    "oracle": lambda b: InfiniteBackend(b.replicas, b.predictor, b.max_response_length, seed=b.seed, oracle=True,
+                                        router=b.router, probe_tokens=b.probe_tokens, max_num_seqs=b.max_num_seqs),
+    "transformers": lambda b: TransformersBackend(b.replicas, b.predictor, b.max_response_length, seed=b.seed),
+}
+BACKENDS = tuple(BACKEND_FACTORIES)
+
+
 def make_backend(name: str, replicas: int, predictor: str, max_response_length: int, seed: int = 0,
                  router: str = "group_affinity", probe_tokens: int = 0, max_num_seqs: int = 256):
-    if name == "vllm":
-        return VerlVLLMBackend(replicas, seed)
-    if name in ("infinite", "oracle"):
-        return InfiniteBackend(replicas, predictor, max_response_length, seed=seed, oracle=name == "oracle",
-                               router=router, probe_tokens=probe_tokens, max_num_seqs=max_num_seqs)
-    if name == "transformers":
-        return TransformersBackend(replicas, predictor, max_response_length, seed=seed)
-    raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")
+    """A backend by name (``BACKENDS``)."""
+    if name not in BACKEND_FACTORIES:
+        raise ValueError(f"unknown --backend {name!r}; choose from: {', '.join(BACKENDS)}")
+    return BACKEND_FACTORIES[name](BackendSettings(replicas, predictor, max_response_length, seed, router,
+                                                   probe_tokens, max_num_seqs))
