@@ -29,7 +29,7 @@ def test_the_vllm_cpu_patch_is_pinned_to_the_installed_vllm():
     from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches, resolve, source_sha256
 
     patches = load_patches(VLLM_PATCHES)
-    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py",
+    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_expand_kernel.py", "vllm_cpu_keep_linear_weights.py",
                                                         "vllm_cpu_pause_generation.py"]
     for patch in patches:
         _, target = resolve(patch.TARGET)
@@ -41,7 +41,7 @@ def test_a_patch_refuses_other_code_naming_its_file(monkeypatch):
 
     patch = load_patches(VLLM_PATCHES)[0]
     monkeypatch.setattr(patch, "SOURCE_SHA256", "0" * 64)
-    with pytest.raises(PatchMismatch, match="patches/vllm_cpu_keep_linear_weights.py"):
+    with pytest.raises(PatchMismatch, match="patches/vllm_cpu_expand_kernel.py"):
         applying(patch)(None)
 
 
