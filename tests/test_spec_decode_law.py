@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = 150  # per prompt and setting
+SAMPLES = 120  # per prompt and setting
 Z_LIMIT = 4.0  # a family of 12 comparisons (3 prompts x 2 settings x 2 statistics) under one law stays well within
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
 PROMPTS = 3
-MAX_TOKENS = 64
+MAX_TOKENS = 48
 
 
 def main() -> None:
