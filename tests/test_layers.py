@@ -167,3 +167,17 @@ def test_the_wheel_is_the_plugin_alone(tmp_path):
     assert "verl_infsample/integration/rollout/vllm/server.py" in names
     lab_words = ("bench", "replay", "tiny", "demo", "tasks")
     assert not [n for n in names if any(w in n for w in lab_words)]
+
+
+def test_the_lab_finds_the_checkout_it_runs_from(monkeypatch):
+    """The lab's demo and bench-verl run the checkout's example scripts, and its tiny models cache under the
+    checkout's ``.cache/``, wherever the lab's own files sit."""
+    from infsample_lab import demo
+    from infsample_lab.bench import in_verl
+    from infsample_lab.models import tiny_build
+    from infsample_lab.paths import REPO
+
+    assert REPO == ROOT
+    assert demo.SCRIPT.is_file() and all(w.script.is_file() for w in in_verl.WORKLOADS.values())
+    monkeypatch.delenv("INFSAMPLE_TINY_MODEL_CACHE", raising=False)
+    assert tiny_build._default_cache_root() == ROOT / ".cache" / "tiny-model"

@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 from .bench.in_verl import parse_step_lines
+from .paths import REPO
 from verl_infsample.report import format_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SCRIPT = ROOT / "examples" / "chains" / "run_grpo_cpu.sh"
 COLUMNS = ["step", "reward", "response_len", "gen_s", "decode_steps", "lower_bound", "steps_vs_bound",
            "peak_kv_kib"]

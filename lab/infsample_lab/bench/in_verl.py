@@ -35,7 +35,9 @@ from pathlib import Path
 
 from verl_infsample.report import format_table, progress
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..paths import REPO
+
+ROOT = REPO
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
 BACKENDS = ("vllm", "infinite")
 

@@ -1,5 +1,6 @@
 """``VLLMEngine``, the lab's GPU-check engine: the core scheduler driving an offline ``LLMEngine`` step by step (the
-product on vLLM is verl's own server, ``integration.rollout.vllm``). The core decides what decodes and when; vLLM decodes.
+product on vLLM is verl's own server, ``integration.rollout.vllm``). The core decides what decodes and when; vLLM
+decodes.
 
 The scheduler (``core/``) plans the batch (FPTAS over predicted lengths, groups kept together under a KV budget)
 and admits samples as slots / KV free up (SJF refill); each admission becomes one vLLM request, and every loop

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..paths import REPO
 from .tiny_corpus import synth_corpus
 from .tiny_recipe import BUILD_VERSION, HEAD_DIM, fingerprint, resolve, variant_params
 from .tiny_tokenizer import (CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, TOKENIZER_RECIPES, TokenizerRecipe,
@@ -108,9 +109,8 @@ def _default_cache_root(variant: str = "default") -> Path:
     env = os.environ.get("INFSAMPLE_TINY_MODEL_CACHE")
     if env:
         return Path(env) if variant == "default" else Path(env) / name
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").exists():
-        return repo / ".cache" / name
+    if (REPO / "pyproject.toml").exists():
+        return REPO / ".cache" / name
     return Path.home() / ".cache" / "verl_infsample" / name
 
 
