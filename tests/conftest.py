@@ -49,7 +49,8 @@ INTEGRATION_MODULES = {"test_grpo_exact", "test_tool_agent", "test_tool_agent_as
 # in file order: ``make test`` hands files to its workers in this order (``--no-loadscope-reorder``), so the
 # longest starts at once and the short ones fill in beside it.
 LONGEST_FIRST = ("test_tool_agent", "test_grpo_exact", "test_tool_agent_async", "test_predictor_learned",
-                 "test_spec_decode_law", "test_verl_rollout", "test_vllm_engine", "test_replay", "test_scripts", "test_verl_router")
+                 "test_spec_decode_law", "test_verl_rollout", "test_vllm_engine", "test_replay", "test_scripts",
+                 "test_verl_router")
 
 
 def _module(item) -> str:

@@ -37,6 +37,7 @@ class PlannedOrderAdmission:
         self._sorted_len = predicted[by_length].tolist()
         self._cursor = 0
         self._shortest: list = []
+        self._shortest_on_plan = False
 
     def select(self, fits: Fits, now: int) -> Sample | None:
         """The sample to admit at decode step ``now``, or None to admit nothing more for now."""
@@ -103,22 +104,20 @@ class PlannedOrderAdmission:
             heapq.heappop(self._shortest)  # admitted already, or an outdated prediction (a newer entry exists)
         while self._cursor < len(self._sorted) and _stale(self._sorted_len[self._cursor], self._sorted[self._cursor]):
             self._cursor += 1
-        best = None
-        if self._cursor < len(self._sorted):
-            best = (self._sorted_len[self._cursor], self._sorted[self._cursor].uid, self._sorted[self._cursor])
-        if self._shortest and (best is None or self._shortest[0][:2] < best[:2]):
-            best = (self._shortest[0][0], self._shortest[0][1], self._shortest[0][-1])
-        return None if best is None else best[-1]
+        on_plan = self._cursor < len(self._sorted) and (
+            not self._shortest
+            or (self._sorted_len[self._cursor], self._sorted[self._cursor].uid) <= self._shortest[0][:2])
+        self._shortest_on_plan = on_plan  # where ``_take_shortest`` takes it from
+        if on_plan:
+            return self._sorted[self._cursor]
+        return self._shortest[0][-1] if self._shortest else None
 
     def _take_shortest(self) -> None:
         """The sample ``_shortest_waiting`` answered leaves the refill's candidates."""
-        top = self._shortest[0] if self._shortest else None
-        if self._cursor < len(self._sorted) and (
-                top is None or (self._sorted_len[self._cursor], self._sorted[self._cursor].uid) <= top[:2]):
+        if self._shortest_on_plan:
             self._cursor += 1
         else:
             heapq.heappop(self._shortest)
-
 
 def _stale(predicted_len: float, s: Sample) -> bool:
     """A refill entry no longer stands: its sample has left the waiting line, or has a newer prediction."""

@@ -328,7 +328,8 @@ def held_in_blocks(generated: np.ndarray, at: np.ndarray, block: int) -> np.ndar
 
     Per sample that is block * (q_i + Q + [r_i + R > 0] + [r_i + R > block]), with generated = block * q + r and
     at[j] = block * Q + R, so prefix sums of q and prefix counts of r give every candidate time in O(m * block)
-    rather than the [m, m] matrix of every sample at every time (quadratic in the samples running). Up to ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
+    rather than the [m, m] matrix of every sample at every time (quadratic in the samples running). Up to
+    ``_DIRECT_UP_TO`` samples the plain [m, m] sum is cheaper, and is used."""
     m = len(at)
     if m <= _DIRECT_UP_TO:
         return (whole_blocks(generated[:, None] + at[None, :], block) * (at[:, None] >= at[None, :])).sum(axis=0)

@@ -1,6 +1,6 @@
 """``TransformersRolloutAdapter``: the worker-side ``BaseRollout`` verl's training workers hold on the transformers
-engine (on vLLM, ``factory.make_rollout_adapter`` gives verl's own vLLM ``ServerAdapter``). verl syncs weights every step through it: ``resume(["weights"])``, ``update_weights(generator)``, then
-``resume(["kv_cache"])``. Every rank must drain the generator (it all-gathers); the rank that owns a server sends the
+engine (on vLLM, ``factory.make_rollout_adapter`` gives verl's own vLLM ``ServerAdapter``). verl syncs weights
+every step through it: ``resume(["weights"])``, ``update_weights(generator)``, then ``resume(["kv_cache"])``. Every rank must drain the generator (it all-gathers); the rank that owns a server sends the
 tensors to it over Ray in buckets, so the server decodes the next step with the new weights.
 """
 

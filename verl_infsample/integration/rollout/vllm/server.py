@@ -13,12 +13,11 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
 - with a predictor that reads tokens (``custom.predictor=learned``) each sample is probed (``probe``): its first k
   tokens decode ahead of every planned request, their opening predicts the sample's own length, and the rest of it
   waits in the server (``gate.EngineGate``, the one owner of what is inside vLLM) until vLLM has room (its batch
-  and as many waiting), then goes in
-  ranked by the predictions as they stand at that moment (siblings finished since, the step's first samples
-  learned); verl gets one response. A request whose parameters a split would change runs whole (counted in
-  ``infsample/probe_skipped``). Whether a probe's sample goes on is vLLM's own finish reason for it ("length", not
-  "stop"), which its stat logger reports (``stats.on_finished``). An abort (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers
-  each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
+  and as many waiting), then goes in ranked by the predictions as they stand at that moment (siblings finished
+  since, the step's first samples learned); verl gets one response. A request whose parameters a split would change
+  runs whole (counted in ``infsample/probe_skipped``). Whether a probe's sample goes on is vLLM's own finish reason
+  for it ("length", not "stop"), which its stat logger reports (``stats.on_finished``). An abort
+  (``abort_all_requests``: verl's weight sync, ``colocate_async``) answers each held sample with its probe's tokens, stopped "aborted", which verl resumes from those tokens;
 - where samples run longest first by their own predictions, vLLM keeps ``REST_WATERMARK`` of its KV blocks free
   when it admits (its ``watermark``; ``VLLMRequestOrder.engine_watermark``): the long samples' KV grows together,
   and without headroom vLLM admits into the last blocks, then preempts and recomputes. A user's
@@ -44,9 +43,9 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, 
 from ....predict import make_predictor
 from ....predict.features import TokenWindow
 from ...settings import settings_from_rollout, vllm_ordering
+from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
 from . import probe
 from . import stats as vllm_stats
-from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
 from .gate import EngineGate
 from .order import OrderedRequest, VLLMRequestOrder, engine_room
 
@@ -152,11 +151,13 @@ class InfiniteVLLMServer(vLLMHttpServer):
         try:
             head = await self._engine_generate(prompt_ids, probe_params, probe_id, priority=request.priority, **kwargs)
             if head.stop_reason == "completed" and len(head.token_ids) >= k and not reason.done():
-                await asyncio.wait_for(reason, FINISH_REASON_TIMEOUT_S)  # "stop" or "length": vLLM says which
-        except asyncio.TimeoutError:
-            raise RuntimeError(f"vLLM reported no finish reason for {probe_id!r} within {FINISH_REASON_TIMEOUT_S} s: "
-                               "the server's stat logger is missing (rollout.name=infinite needs vLLM's stats, "
-                               "do not set disable_log_stats)") from None
+                try:  # "stop" or "length": vLLM says which
+                    await asyncio.wait_for(reason, FINISH_REASON_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    raise RuntimeError(f"vLLM reported no finish reason for {probe_id!r} within "
+                                       f"{FINISH_REASON_TIMEOUT_S} s: the server's stat logger is missing "
+                                       "(rollout.name=infinite needs vLLM's stats, do not set disable_log_stats)"
+                                       ) from None
         finally:
             self._probe_reasons.pop(probe_id, None)
         self._counts["probes"] += 1
