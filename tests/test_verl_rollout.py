@@ -131,6 +131,52 @@ def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
         vllm_ordering(InfiniteRolloutSettings(engine="vllm", **custom))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["custom.speculative=eagle"], "custom.speculative='eagle': choose one of: off, ngram, suffix, group"),
+    (["custom.speculative=group", "custom.speculative_tokens=0"], "custom.speculative_tokens=0: must be an integer in"),
+    (["custom.speculative=group", "custom.engine=transformers"], "drafts are verified by vLLM's rejection sampler"),
+    (["custom.speculative=group", "custom.engine=vllm",
+      "+engine_kwargs.vllm.speculative_config={method:ngram,num_speculative_tokens:2}"],
+     "engine_kwargs.vllm.speculative_config both set"),
+])
+def test_drafts_that_cannot_run_are_refused_before_ray(overrides, message):
+    import verl.utils.config as verl_config
+
+    cfg = compose("trainer.device=cpu", "trainer.n_gpus_per_node=1",
+                  *("+" * o.startswith("+") + "actor_rollout_ref.rollout." + o.lstrip("+") for o in overrides))
+    with pytest.raises(ValueError, match=message):
+        verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)
+
+
+def test_drafts_name_their_vllm_config_and_what_they_need(monkeypatch):
+    """Each method is a config vLLM runs (group: a class it can import); suffix and group need arctic-inference,
+    refused by name with the fix where it is missing; a request asking for what vLLM drops with drafts is refused."""
+    import importlib
+    import importlib.util
+
+    from verl_infsample.integration.rollout.vllm.drafts import refuse_what_drafts_change
+    from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError
+
+    assert InfiniteRolloutSettings().speculative_config() is None
+    group = InfiniteRolloutSettings(speculative="group", speculative_tokens=5).speculative_config()
+    module, name = group["model"].rsplit(".", 1)
+    assert group["method"] == "custom_class" and group["num_speculative_tokens"] == 5
+    assert hasattr(getattr(importlib.import_module(module), name), "propose")
+    assert InfiniteRolloutSettings(speculative="suffix").speculative_config()["method"] == "suffix"
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "arctic_inference" else find_spec(n, *a))
+    for method in ("suffix", "group"):
+        with pytest.raises(SettingsError, match=rf"speculative='{method}': needs arctic-inference.*pip install"):
+            InfiniteRolloutSettings.from_custom({"speculative": method})
+    InfiniteRolloutSettings.from_custom({"speculative": "ngram"})  # vLLM's own, no extra install
+
+    refuse_what_drafts_change("off", {"min_p": 0.1})
+    refuse_what_drafts_change("group", {"min_p": 0.0, "temperature": 1.0, "logit_bias": None})
+    for key, value in (("min_p", 0.1), ("logit_bias", {"5": 2.0}), ("logits_processors", ["x"])):
+        with pytest.raises(ValueError, match=f"sampling parameter {key}=.*custom.speculative='group'"):
+            refuse_what_drafts_change("group", {key: value})
+
+
 def test_the_engine_follows_the_hardware():
     """custom.engine=auto: vLLM where the server has a GPU and vLLM, the transformers engine elsewhere; its dtype is
     verl's rollout.dtype on a GPU, float32 on the CPU; explicit choices stand."""

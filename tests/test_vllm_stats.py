@@ -57,16 +57,30 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
             logger.record(SchedulerStats(num_running_reqs=2), it)
         m = vllm_stats.pop_step_metrics()
         print(m["infsample/arrival_bound_steps"], m["infsample/samples"])
+
+        # drafts: two rows drafted 3 and 2 tokens and accepted 2 and 0 (gaining 3 and 1 tokens)
+        from vllm.v1.spec_decode.metrics import SpecDecodingStats
+        spec = SpecDecodingStats.new(3)
+        spec.observe_draft(3, 2)
+        spec.observe_draft(2, 0)
+        it = IterationStats()
+        it.iteration_timestamp, it.num_generation_tokens = 200.0, 4
+        logger.record(SchedulerStats(num_running_reqs=2, spec_decoding_stats=spec), it)
+        m = vllm_stats.pop_step_metrics()
+        print(m["infsample/spec_drafted"], m["infsample/spec_accepted"], m["infsample/spec_tokens_per_step"],
+              *(m[f"infsample/spec_acceptance_pos{j}"] for j in range(3)), "spec_drafted_pos0" in m)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    first, second, arrivals = out.stdout.strip().splitlines()[-3:]
+    first, second, arrivals, drafts = out.stdout.strip().splitlines()[-4:]
     # 3 steps, 1 preemption, 9 generated + 48 prefilled, peak usage 0.9 of 200 blocks (seen while idle), 2 s, rows
     # running 4 + 3 + 2 over the steps
     assert first.split() == ["3", "1", "57", "180", "200", "2.0", "9"]
     assert second == "0"
     # max(longest 4, 9 tokens / 2 slots) would say 5; "b" reached vLLM after step 4's output: 4 + 2
     assert arrivals.split() == ["6", "4"]
+    # 5 drafted, 2 accepted; 4 tokens over 2 rows; by position: 1 of 2, 1 of 2, 0 of 1; the counts stay inside
+    assert drafts.split() == ["5", "2", "2.0", "0.5", "0.5", "0.0", "False"]
 
 
 def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path):

@@ -2,11 +2,13 @@
 
 Not named test_*.py on purpose: each run is a process of its own (one vLLM engine, with one speculative config).
 
-    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram SAMPLES [--seed S]
+    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram|group SAMPLES [--seed S]
 
 prints one JSON object: for each prompt and each sampling setting ("t1": temperature 1; "top_p": temperature 1,
-top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled), and
-the engine's spec-decode counters (drafted and accepted tokens).
+top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled); the
+greedy tokens of each prompt; the largest gap between vLLM's log-probs and transformers' recomputation of them;
+the engine's spec-decode counters (drafted and accepted tokens) and, with ``group``, the drafter's own figures
+(its run-time law check among them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import json
 from pathlib import Path
 
 SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
+DRAFTS = {"none": None,
+          "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+          "group": {"method": "custom_class", "model": "verl_infsample.spec.GroupDrafter",
+                    "num_speculative_tokens": 4}}
+RECOMPUTED = 8  # samples whose log-probs transformers recomputes
 PROMPTS = 3
 MAX_TOKENS = 48
 
@@ -23,7 +30,7 @@ MAX_TOKENS = 48
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
-    p.add_argument("drafts", choices=["none", "ngram"])
+    p.add_argument("drafts", choices=list(DRAFTS))
     p.add_argument("samples", type=int)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -34,8 +41,7 @@ def main() -> None:
 
     from infsample_lab.models.tiny import model_prompts
 
-    spec = None if args.drafts == "none" else {"method": "ngram", "num_speculative_tokens": 4,
-                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    spec = DRAFTS[args.drafts]
     llm = LLM(model=args.model, dtype="float32", gpu_memory_utilization=0.1, max_model_len=512, enforce_eager=True,
               seed=args.seed, max_num_seqs=64, speculative_config=spec, disable_log_stats=False)
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -52,15 +58,44 @@ def main() -> None:
                 params.append(SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=[eos], logprobs=0,
                                              seed=args.seed * 1_000_003 + i * 10_007 + j, **setting))
         results = llm.generate(requests, params, use_tqdm=False)
+        if name == "t1":
+            recompute = [(list(r.outputs[0].token_ids), r.outputs[0].logprobs) for r in results[:RECOMPUTED]]
         for k, res in enumerate(results):
             o = res.outputs[0]
             lps = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)]
             out["samples"].setdefault(f"{name}/{k // args.samples}", []).append(
                 [len(o.token_ids), sum(lps) / max(1, len(lps))])
+    greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids],
+                          SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=[eos], temperature=0.0), use_tqdm=False)
+    out["greedy"] = [list(r.outputs[0].token_ids) for r in greedy]
+    out["logprob_gap"] = _recomputed_gap(args.model, ids[0], recompute)
+    if args.drafts == "group":
+        from verl_infsample.spec import pop_drafter_stats
+
+        out["drafter"] = llm.collective_rpc(pop_drafter_stats)[0]
     counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     out["drafted"] = counters.get("vllm:spec_decode_num_draft_tokens", 0)
     out["accepted"] = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
     print(json.dumps(out))
+
+
+def _recomputed_gap(model_dir: str, prompt: list[int], samples) -> float:
+    """The largest |vLLM's log-prob - transformers' log-prob| of the sampled tokens (temperature 1: both raw)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gap = 0.0
+    for tokens, logprobs in samples:
+        if not tokens:
+            continue
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        theirs = torch.tensor([lp[t].logprob for t, lp in zip(tokens, logprobs)])
+        gap = max(gap, float((ours - theirs).abs().max()))
+    return gap
 
 
 if __name__ == "__main__":

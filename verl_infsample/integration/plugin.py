@@ -93,14 +93,15 @@ def _validating(validate_config):
         if rollout.get("name") == "infinite":
             import importlib.util
 
-            from .settings import (check_transformers_engine_serves, check_vllm_engine_serves,
-                                               choose_engine, settings_from_rollout, vllm_ordering)
+            from .settings import (check_speculative, check_transformers_engine_serves, check_vllm_engine_serves,
+                                   choose_engine, settings_from_rollout, vllm_ordering)
 
             settings = settings_from_rollout(rollout)
             if settings.engine == "vllm":  # with auto, the server checks once the engine is known
                 vllm_ordering(settings)
             engine = choose_engine(settings.engine, accelerator=str(config.trainer.get("device", "cuda")) != "cpu",
                                    vllm_installed=importlib.util.find_spec("vllm") is not None)
+            check_speculative(settings, engine, (rollout.get("engine_kwargs") or {}).get("vllm"), rollout.get("mtp"))
             if engine == "transformers":
                 check_transformers_engine_serves(config)
             else:

@@ -15,6 +15,11 @@ from ..predict import make_predictor
 PREFIX = "actor_rollout_ref.rollout.custom"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollout.factory.rollout_engine)
+SPECULATIVE = ("off", "ngram", "suffix", "group")  # drafts verified by vLLM (spec.GroupDrafter for group)
+MAX_SPECULATIVE_TOKENS = 32
+NEEDS_ARCTIC = ("suffix", "group")  # their suffix trees are arctic-inference's
+SPEC_INSTALL_HINT = ("pip install 'verl-infsample[spec]' (arctic-inference==0.3.0; from a source checkout on the CPU, "
+                     "make setup installs it)")
 
 
 class SettingsError(ValueError):
@@ -34,6 +39,8 @@ class InfiniteRolloutSettings:
     dtype: str = "auto"  # transformers engine: auto (rollout.dtype on a GPU, float32 on the CPU) | float32 | bfloat16 | float16
     batch_window_ms: float = 20.0  # how long the server waits for more requests before planning a batch (10x at most)
     threads: int | None = None  # torch threads in the server (None: torch's default)
+    speculative: str = "off"  # off | ngram | suffix | group: drafts verified by vLLM's rejection sampler (vllm engine)
+    speculative_tokens: int = 8  # draft tokens per row at most (vLLM's num_speculative_tokens)
 
     @classmethod
     def from_custom(cls, custom: Mapping[str, Any] | None, *, prompt_length: int | None = None,
@@ -87,6 +94,27 @@ class InfiniteRolloutSettings:
             raise bad("batch_window_ms", "must be >= 0")
         if self.threads is not None and self.threads < 1:
             raise bad("threads", "must be >= 1")
+        if self.speculative not in SPECULATIVE:
+            raise bad("speculative", f"choose one of: {', '.join(SPECULATIVE)}")
+        if (not isinstance(self.speculative_tokens, int) or isinstance(self.speculative_tokens, bool)
+                or not 1 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS):
+            raise bad("speculative_tokens", f"must be an integer in 1..{MAX_SPECULATIVE_TOKENS}")
+        if self.speculative in NEEDS_ARCTIC:
+            import importlib.util
+
+            if importlib.util.find_spec("arctic_inference") is None:
+                raise bad("speculative", f"needs arctic-inference, which is not installed: {SPEC_INSTALL_HINT}; "
+                                         "or choose ngram or off")
+
+    def speculative_config(self) -> dict | None:
+        """vLLM's ``speculative_config`` for ``speculative`` (None: drafts off)."""
+        k = self.speculative_tokens
+        return {"off": None,
+                "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+                          "prompt_lookup_max": 5},
+                "suffix": {"method": "suffix", "num_speculative_tokens": k},
+                "group": {"method": "custom_class", "model": "verl_infsample.spec.GroupDrafter",
+                          "num_speculative_tokens": k}}[self.speculative]
 
 
 # custom.policy -> how requests are ordered for vLLM (vllm.priority); full and naive are round-based, which vLLM's
@@ -112,6 +140,22 @@ TRAINER_MODES_SERVED = ("sync", "infinite_sync", "colocate_async")
 """The V1 trainer modes the transformers engine's server runs (colocate_async: verl aborts the rollout at the end
 of each sampling phase, syncs the weights and resumes the aborted samples with the new ones, through the server's
 abort / resume)."""
+
+
+def check_speculative(settings: InfiniteRolloutSettings, engine: str, engine_kwargs=None, mtp=None) -> None:
+    """Drafts run on vLLM only, and one way: ``custom.speculative`` or verl's own (``engine_kwargs.vllm.
+    speculative_config``, ``rollout.mtp``), not both."""
+    if settings.speculative == "off":
+        return
+    if engine != "vllm":
+        raise SettingsError(f"{PREFIX}.speculative={settings.speculative!r}: drafts are verified by vLLM's rejection "
+                            f"sampler; set {PREFIX}.engine=vllm, or {PREFIX}.speculative=off")
+    if engine_kwargs and engine_kwargs.get("speculative_config"):
+        raise SettingsError(f"{PREFIX}.speculative={settings.speculative!r} and actor_rollout_ref.rollout."
+                            "engine_kwargs.vllm.speculative_config both set: keep one")
+    if mtp is not None and config_value(mtp, "enable", False) and config_value(mtp, "enable_rollout", False):
+        raise SettingsError(f"{PREFIX}.speculative={settings.speculative!r} and actor_rollout_ref.rollout.mtp "
+                            "(enable_rollout) both set: vLLM runs one drafter; keep one")
 
 
 def check_transformers_engine_serves(config) -> None:

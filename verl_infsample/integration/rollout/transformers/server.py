@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import replace
 
 from ....engines.sample_state import DecodeState
-from ...settings import choose_dtype, config_value, settings_from_rollout
+from ...settings import check_speculative, choose_dtype, config_value, settings_from_rollout
 from .batching import Request, RequestBatcher
 from .live_rollout import LiveRollout, RolloutAborted, aborted_results
 from ..metrics import merge_rollout_metrics, rollout_metrics
@@ -66,6 +66,7 @@ class InfiniteServer:
 
         self.rollout = config
         self.settings = settings_from_rollout(config)
+        check_speculative(self.settings, "transformers")
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         path = model_config["path"] if hasattr(model_config, "__getitem__") else model_config.path

@@ -42,9 +42,10 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, 
 
 from ....predict import make_predictor
 from ....predict.features import TokenWindow
-from ...settings import settings_from_rollout, vllm_ordering
+from ....spec.group_drafter import GROUP_ARG, PREDICTED_ARG
+from ...settings import check_speculative, config_value, settings_from_rollout, vllm_ordering
 from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
-from . import probe
+from . import drafts, probe
 from . import stats as vllm_stats
 from .gate import EngineGate
 from .order import OrderedRequest, VLLMRequestOrder, engine_room
@@ -73,6 +74,9 @@ class InfiniteVLLMServer(vLLMHttpServer):
         """What this server keeps beside verl's (from ``self.config``): the plan's order, the rests it holds, the
         step's figures."""
         self.settings = settings_from_rollout(self.config)
+        check_speculative(self.settings, "vllm", config_value(config_value(self.config, "engine_kwargs", {}), "vllm"),
+                          config_value(self.config, "mtp"))
+        self.drafts = drafts.DraftReport(self.settings.speculative)
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
                                       make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
@@ -93,6 +97,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
         engine_kwargs["enable_prefix_caching"] = True
         if self.settings.slots is not None:
             engine_kwargs["max_num_seqs"] = self.settings.slots
+        if (speculative := self.settings.speculative_config()) is not None:
+            engine_kwargs["speculative_config"] = speculative
         watermark = self.order.engine_watermark()
         if watermark and "watermark" not in engine_kwargs:  # rollout.engine_kwargs.vllm.watermark, if set, wins
             if _vllm_has_watermark():
@@ -105,6 +111,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal),
         probed where the plan reads tokens."""
         total = self._max_tokens(prompt_ids, sampling_params)
+        drafts.refuse_what_drafts_change(self.settings.speculative, sampling_params)
         refusal = None
         if self.order.probe_tokens and total > self.order.probe_tokens:
             refusal = probe.probe_refusal(
@@ -122,6 +129,10 @@ class InfiniteVLLMServer(vLLMHttpServer):
         with self._planning():
             request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
                                         may_probe=refusal is None)
+        if self.settings.speculative == "group":  # what the drafter cannot see in the batch: the sample's group
+            sampling_params = {**sampling_params, "extra_args": {
+                **(sampling_params.get("extra_args") or {}), GROUP_ARG: request.group.prompt_id,
+                PREDICTED_ARG: int(request.sample.predicted_len or total)}}
         try:
             if request.probe:
                 output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
@@ -237,6 +248,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
             metrics["infsample/samples"] -= counts["probe_continuations"]
         metrics.update({f"infsample/{k}": v for k, v in counts.items()})
         metrics["infsample/engine_room"] = self.order.room
+        metrics.update(await self.drafts.pop_metrics(self.engine))
         return metrics
 
 

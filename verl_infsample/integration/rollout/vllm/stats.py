@@ -18,6 +18,7 @@ from typing import Callable
 from .probe import PROBE_SUFFIX
 
 STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
+DRAFTED_AT, ACCEPTED_AT = "spec_drafted_pos", "spec_accepted_pos"  # per-position counts, merged into rates
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
@@ -86,10 +87,15 @@ def _logger_class():
             self.first_t = self.last_t = None
             self.step_t: list[float] = []  # each step's timestamp
             self.samples: dict[str, list] = {}  # a sample (a probe and its rest are one) -> [its arrival, its tokens]
+            self.drafted = self.accepted = 0  # draft tokens verified and accepted (vLLM's scheduler counts them)
+            self.drafted_at: list[int] = []  # ... by draft position
+            self.accepted_at: list[int] = []
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 self.peak_usage = max(self.peak_usage, scheduler_stats.kv_cache_usage)
+                if (spec := getattr(scheduler_stats, "spec_decoding_stats", None)) is not None:
+                    self._drafts(spec)
                 report_step(scheduler_stats)
             if iteration_stats is None:
                 return
@@ -114,6 +120,15 @@ def _logger_class():
                 sample[0] = min(sample[0], arrival)
                 sample[1] += done.num_generation_tokens
 
+        def _drafts(self, spec) -> None:
+            self.drafted += spec.num_draft_tokens
+            self.accepted += spec.num_accepted_tokens
+            for mine, theirs in ((self.drafted_at, spec.num_draft_tokens_per_pos),
+                                 (self.accepted_at, spec.num_accepted_tokens_per_pos)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for j, n in enumerate(theirs):
+                    mine[j] += n
+
         def log_engine_initialized(self):
             pass
 
@@ -127,7 +142,13 @@ def _logger_class():
                    "infsample/kv_block_size": int(self.cache.block_size or 0),
                    "infsample/running_rows": self.running,
                    "infsample/arrival_bound_steps": self._arrival_bound(),
-                   "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0}
+                   "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0,
+                   # tokens a decoding row gained per step (1 without drafts; 1 + accepted with them)
+                   "infsample/spec_tokens_per_step": self.generated / self.running if self.running else 0.0}
+            if self.drafted:
+                out.update({"infsample/spec_drafted": self.drafted, "infsample/spec_accepted": self.accepted})
+                out.update({f"{DRAFTED_AT}{j}": d for j, d in enumerate(self.drafted_at)})
+                out.update({f"{ACCEPTED_AT}{j}": a for j, a in enumerate(self.accepted_at)})
             self._reset()
             return out
 
@@ -175,7 +196,14 @@ def pop_step_metrics(_server=None) -> dict:
         parts = [lg.pop() for lg in _loggers]
     if not parts:
         return {}
-    out = {key: sum(p[key] for p in parts) for key in parts[0]}
+    out = {key: sum(p.get(key, 0) for p in parts) for key in set().union(*parts)}
+    running = sum(p["infsample/running_rows"] for p in parts)
+    out["infsample/spec_tokens_per_step"] = out["infsample/total_tokens"] / running if running else 0.0
+    for key in [k for k in out if k.startswith(DRAFTED_AT)]:  # counts by draft position -> acceptance there
+        j = key.removeprefix(DRAFTED_AT)
+        drafted, accepted = out.pop(key), out.pop(f"{ACCEPTED_AT}{j}", 0)
+        if drafted:
+            out[f"infsample/spec_acceptance_pos{j}"] = accepted / drafted
     for key in ("infsample/decode_steps", "infsample/wall_s", "infsample/kv_block_size",
                 "infsample/arrival_bound_steps"):
         out[key] = max(p[key] for p in parts)

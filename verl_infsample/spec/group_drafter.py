@@ -1,0 +1,240 @@
+"""``verl_infsample.spec.GroupDrafter``: vLLM's ``custom_class`` proposer that drafts from a sample's group.
+
+    speculative_config={"method": "custom_class", "model": "verl_infsample.spec.GroupDrafter",
+                        "num_speculative_tokens": K}
+
+vLLM builds it in each worker with the ``VllmConfig`` and calls ``propose`` once per step, after sampling. It works
+in plain vLLM too: there a request's group is the rows that share its prompt. verl's ``rollout.name=infinite``
+server tells it more through each request's ``extra_args`` (:data:`GROUP_ARG`: the sample's group, the same for
+its probe and its rest; :data:`PREDICTED_ARG`: its predicted length). Drafts come from ``trees.DraftTrees``, their
+lengths from ``budget.DraftBudget``; the rejection sampler's own verdicts feed both the budget (each row's recent
+acceptance) and ``law_guard`` (is the sampled law kept?). The trees live in the worker's memory, so weight syncs
+keep them (an answer of an older policy is still only a draft).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .budget import DraftBudget, RowAcceptance
+from .law_guard import POSITIONS_PER_STEP, LawTally, target_probabilities
+from .trees import DraftTrees
+
+logger = logging.getLogger(__name__)
+GROUP_ARG = "infsample_group"
+PREDICTED_ARG = "infsample_predicted"
+GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: a temperature under it is greedy
+
+
+@dataclass
+class DrafterStats:
+    """What the drafter did since the last :meth:`GroupDrafter.pop_stats` (summed over steps)."""
+    steps: int = 0
+    rows: int = 0  # decoding rows seen
+    proposing_rows: int = 0  # rows the budget let propose
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    from_group: int = 0  # drafts taken from the group's tree (the rest from the prompt or the run's tree)
+    propose_s: float = 0.0
+    law: LawTally = field(default_factory=LawTally)
+    group_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pop_drafter_stats(worker) -> dict | None:
+    """Run in a vLLM worker by ``collective_rpc``: its GroupDrafter's figures since the last call (None: none)."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return drafter.pop_stats().as_dict() if isinstance(drafter, GroupDrafter) else None
+
+
+class GroupDrafter:
+    def __init__(self, vllm_config, runner=None, *, trees: DraftTrees | None = None):
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.budget = DraftBudget(max_tokens=self.k)
+        self.trees = trees or DraftTrees()
+        self.runner = runner or _building_runner()
+        self.rows: dict[str, RowAcceptance] = {}
+        self.stats = DrafterStats()
+        self._guarded = None  # the rejection sampler whose verdicts we read
+
+    def load_model(self, *args, **kwargs) -> None:
+        """No model: vLLM calls this for proposers that have one."""
+
+    def pop_stats(self) -> DrafterStats:
+        self.stats.group_bytes = self.trees.group_memory()
+        stats, self.stats = self.stats, DrafterStats()
+        return stats
+
+    # vLLM's custom_class call: the batch's rows, without request ids (read from the runner's batch instead)
+    def propose(self, sampled_token_ids, num_tokens_no_spec=None, token_ids_cpu=None, slot_mappings=None):
+        if self.runner is None:
+            raise RuntimeError("GroupDrafter found no vLLM model runner; build it as GroupDrafter(vllm_config, runner)")
+        self._watch_sampler()
+        return self.propose_batch(self.runner.input_batch, sampled_token_ids, getattr(self.runner, "requests", {}))
+
+    def propose_batch(self, batch, sampled_token_ids, requests=None) -> list[list[int]]:
+        """One draft per row of ``batch`` (vLLM's ``InputBatch``, or any object with its ``req_ids``,
+        ``num_prompt_tokens``, ``num_tokens_no_spec`` and ``token_ids_cpu``)."""
+        start = time.perf_counter()
+        requests = requests or {}
+        decoding = sum(1 for s in sampled_token_ids if s)
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            if not sampled:  # a partial prefill
+                drafts.append([])
+                continue
+            req_id = batch.req_ids[i]
+            n = int(batch.num_tokens_no_spec[i])
+            hints = _hints(requests.get(req_id))
+            if req_id not in self.trees.active:
+                p = int(batch.num_prompt_tokens[i])
+                prompt = batch.token_ids_cpu[i, :p]
+                self.trees.start(req_id, hints.get(GROUP_ARG) or _prompt_key(prompt), prompt)
+                self.trees.extend(req_id, batch.token_ids_cpu[i, p:n])
+                self.rows[req_id] = RowAcceptance()
+            else:
+                self.trees.extend(req_id, sampled)
+            predicted = hints.get(PREDICTED_ARG)
+            remaining = None if predicted is None else int(predicted) - (n - int(batch.num_prompt_tokens[i]))
+            k = min(self.budget.tokens(self.rows[req_id], rows=decoding, predicted_remaining=remaining),
+                    self.max_model_len - n - 1)
+            self.stats.rows += 1
+            if k <= 0:
+                drafts.append([])
+                continue
+            self.stats.proposing_rows += 1
+            draft = self.trees.propose(req_id, batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
+            self.stats.from_group += draft.source == "group"
+            drafts.append(draft.token_ids)
+        seen = set(batch.req_ids[:len(sampled_token_ids)])
+        for req_id in [r for r in self.trees.active if r not in seen]:
+            self.trees.stop(req_id)
+            self.rows.pop(req_id, None)
+        self.stats.steps += 1
+        self.stats.propose_s += time.perf_counter() - start
+        return drafts
+
+    def verified(self, req_ids, draft_token_ids: list[list[int]], output_token_ids, probabilities=None) -> None:
+        """The rejection sampler's verdicts on a step's drafts: row i kept the leading draft tokens equal to its
+        output. ``probabilities[i]`` (target probabilities of row i's draft tokens, or None) feed the law check."""
+        for i, draft in enumerate(draft_token_ids):
+            if not draft:
+                continue
+            out = output_token_ids[i]
+            accepted = 0
+            while accepted < len(draft) and int(out[accepted]) == draft[accepted]:
+                accepted += 1
+            s = self.stats
+            s.drafted += len(draft)
+            s.accepted += accepted
+            _add(s.drafted_by_position, len(draft))
+            _add(s.accepted_by_position, accepted)
+            row = self.rows.get(req_ids[i])
+            if row is not None:
+                row.verified(len(draft), accepted)
+            p = probabilities[i] if probabilities is not None else None
+            if p is not None:
+                for j in range(min(accepted + 1, len(draft))):  # tested: up to and including the first rejection
+                    s.law.add(j < accepted, float(p[j]))
+
+    def _watch_sampler(self) -> None:
+        """Wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from here on
+        (vLLM's warm-up runs before the first proposal)."""
+        sampler = getattr(self.runner, "rejection_sampler", None)
+        if sampler is None or self._guarded is sampler:
+            return
+        original = sampler.forward
+
+        def forward(metadata, draft_probs, logits, sampling_metadata):
+            probabilities = self._law_inputs(metadata, logits, sampling_metadata)
+            output = original(metadata, draft_probs, logits, sampling_metadata)
+            drafts = metadata.draft_token_ids.tolist()
+            per_row, at = [], 0
+            for n in metadata.num_draft_tokens:
+                per_row.append(drafts[at:at + n])
+                at += n
+            self.verified(list(self.runner.input_batch.req_ids), per_row, output.sampled_token_ids.tolist(),
+                          probabilities)
+            return output
+
+        sampler.forward = forward
+        self._guarded = sampler
+
+    def _law_inputs(self, metadata, logits, sampling_metadata):
+        """Target probabilities of up to ``POSITIONS_PER_STEP`` draft tokens under each request's own parameters,
+        computed apart from the sampler (None where something else shapes the law: greedy rows, penalties,
+        allowed or banned tokens)."""
+        import torch
+
+        m = sampling_metadata
+        if (m.all_greedy or m.temperature is None or not m.no_penalties or m.allowed_token_ids_mask is not None
+                or m.bad_words_token_ids):
+            return None
+        rows = len(metadata.num_draft_tokens)
+        starts = np.concatenate([[0], np.cumsum(metadata.num_draft_tokens)])
+        offset = (self.stats.steps * 7) % max(1, rows)  # a different share of rows each step
+        chosen, budget = [], POSITIONS_PER_STEP
+        for r in range(rows):
+            i = (offset + r) % rows
+            n = metadata.num_draft_tokens[i]
+            if n and budget >= n and float(m.temperature[i]) >= GREEDY_BELOW:
+                chosen.append(i)
+                budget -= n
+        if not chosen:
+            return None
+        index = torch.tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen]))
+        sizes = torch.tensor([metadata.num_draft_tokens[i] for i in chosen])
+        rows_t = torch.tensor(chosen)
+
+        def per_token(values):
+            return None if values is None else values.cpu()[rows_t].repeat_interleave(sizes)
+
+        target = logits[metadata.target_logits_indices.cpu()[index].to(logits.device)].cpu()
+        p = target_probabilities(target, per_token(m.temperature), per_token(m.top_k), per_token(m.top_p),
+                                 metadata.draft_token_ids.cpu()[index].long())
+        out: list = [None] * rows
+        at = 0
+        for i in chosen:
+            n = metadata.num_draft_tokens[i]
+            out[i] = p[at:at + n].tolist()
+            at += n
+        return out
+
+
+def _add(counts: list[int], upto: int) -> None:
+    if len(counts) < upto:
+        counts.extend([0] * (upto - len(counts)))
+    for j in range(upto):
+        counts[j] += 1
+
+
+def _hints(request) -> dict:
+    params = getattr(request, "sampling_params", None)
+    return (getattr(params, "extra_args", None) or {}) if params is not None else {}
+
+
+def _prompt_key(prompt: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(prompt, dtype=np.int64).tobytes(), digest_size=12).hexdigest()
+
+
+def _building_runner():
+    """The vLLM model runner whose constructor is building this drafter (vLLM passes only the config)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if candidate is not None and hasattr(candidate, "speculative_config") and hasattr(candidate, "vllm_config"):
+            return candidate
+        frame = frame.f_back
+    return None

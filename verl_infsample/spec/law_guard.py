@@ -1,0 +1,62 @@
+"""A check, each step, that verification keeps the sampled law.
+
+With a point-mass draft (every drafter here proposes tokens, not distributions) the rejection sampler accepts a
+draft token with exactly the target's probability of it. So over the draft tokens a step tests (each row's up to
+and including its first rejection), the number accepted has mean sum(p) and variance sum(p(1-p)), where p is the
+target probability computed here independently of the sampler: the request's own temperature, top-k and top-p
+applied to the raw logits. A broken sampler (one that verifies with other parameters than the request's) shows as
+a gap between the share accepted and the mean p; past ``ALARM_Z`` standard deviations it raises an alarm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ALARM_Z = 6.0  # standard deviations of the accumulated gap before the alarm (false alarms ~1e-9 per check)
+MIN_TESTED = 200  # draft tokens tested before the gap is judged
+POSITIONS_PER_STEP = 64  # draft positions whose target probability is computed per step (a softmax over the vocab)
+
+
+@dataclass
+class LawTally:
+    tested: int = 0
+    accepted: int = 0
+    expected: float = 0.0  # sum of target probabilities of the tested tokens
+    variance: float = 0.0
+
+    def add(self, accepted: bool, p: float) -> None:
+        self.tested += 1
+        self.accepted += int(accepted)
+        self.expected += p
+        self.variance += p * (1 - p)
+
+    def merge(self, other: "LawTally") -> None:
+        self.tested += other.tested
+        self.accepted += other.accepted
+        self.expected += other.expected
+        self.variance += other.variance
+
+    @property
+    def gap(self) -> float:
+        """Share of tested draft tokens accepted minus their mean target probability (0 where the law is kept)."""
+        return (self.accepted - self.expected) / self.tested if self.tested else 0.0
+
+    @property
+    def z(self) -> float:
+        return (self.accepted - self.expected) / math.sqrt(self.variance) if self.variance > 0 else 0.0
+
+    @property
+    def alarm(self) -> bool:
+        return self.tested >= MIN_TESTED and abs(self.z) > ALARM_Z
+
+
+def target_probabilities(logits, temperature, top_k, top_p, tokens):
+    """p(token) under the request's own sampling parameters, per draft position (torch tensors, one row each)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    logits = logits.to(torch.float32) / temperature.unsqueeze(-1)
+    if top_k is not None or top_p is not None:
+        logits = apply_top_k_top_p(logits, top_k, top_p)
+    return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

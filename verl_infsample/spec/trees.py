@@ -1,0 +1,141 @@
+"""Where a draft comes from: a suffix tree per group (its siblings' responses, running and finished, and the same
+prompt's answers of earlier steps) beside vLLM's own ``suffix`` structure (the request's prompt and one global tree
+of the run's recent responses). Each row gets the better-scored of the two drafts.
+
+Trees are arctic-inference's C++ suffix trees (``SuffixDecodingCache`` for vLLM's part, its ``SuffixTree`` for the
+groups). Memory is bounded: a group keeps its latest ``group_responses`` answers, and the groups together stay under
+``group_bytes`` (least recently used groups with nothing running are dropped first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+
+MAX_TREE_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default: drafts match at most this many recent tokens
+MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob default
+GLOBAL_RESPONSES = 10_000  # vLLM's suffix_decoding_max_cached_requests default
+GROUP_BYTES = 1 << 30  # all group trees together (estimated by the trees themselves)
+GROUP_RESPONSES = 64  # a group's answers kept (its latest)
+
+
+def _arctic():
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as e:  # the settings refuse drafts that need it before anything starts; this is the backstop
+        raise ImportError("suffix-tree drafts need arctic-inference: pip install 'verl-infsample[spec]' "
+                          "(arctic-inference==0.3.0; on the CPU see the Makefile's setup)") from e
+    return SuffixDecodingCache, SuffixTree
+
+
+@dataclass(frozen=True)
+class Draft:
+    token_ids: list[int]
+    score: float  # the tree's expected number of accepted tokens
+    source: str  # "group" | "run" (vLLM's structure: the request's prompt or the global tree) | "none"
+
+
+NO_DRAFT = Draft([], 0.0, "none")
+
+
+@dataclass
+class _Group:
+    tree: object
+    running: set = field(default_factory=set)
+    finished: deque = field(default_factory=deque)  # sequence ids, oldest first
+    next_seq: int = 0
+    bytes: int = 0
+
+
+class DraftTrees:
+    """Requests start, grow and stop; each may ask for a draft of its next tokens at any time."""
+
+    def __init__(self, *, max_depth: int = MAX_TREE_DEPTH, min_token_prob: float = MIN_TOKEN_PROB,
+                 global_responses: int = GLOBAL_RESPONSES, group_bytes: int = GROUP_BYTES,
+                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True):
+        SuffixDecodingCache, self._SuffixTree = _arctic()
+        self.max_depth, self.min_token_prob = max_depth, min_token_prob
+        self.group_bytes, self.group_responses, self.use_groups = group_bytes, group_responses, use_groups
+        self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses)
+        self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
+        self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
+
+    @property
+    def active(self):
+        return self._member.keys()
+
+    def start(self, req_id: Hashable, group: Hashable, prompt: Sequence[int] | np.ndarray) -> None:
+        if req_id in self.run.active_requests:
+            self.stop(req_id)
+        if req_id in self.run.cached_requests:  # a request id used again (vLLM's own proposer does the same)
+            self.run.evict_cached_response(req_id)
+        self.run.start_request(req_id, _int32(prompt))
+        if self.use_groups:
+            g = self.groups.get(group)
+            if g is None:
+                g = self.groups[group] = _Group(self._SuffixTree(self.max_depth))
+            self.groups.move_to_end(group)
+            g.running.add(g.next_seq)
+            self._member[req_id] = (group, g.next_seq)
+            g.next_seq += 1
+        else:
+            self._member[req_id] = (None, -1)
+
+    def extend(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
+        if len(tokens) == 0:
+            return
+        tokens = _int32(tokens)
+        self.run.add_active_response(req_id, tokens)
+        group, seq = self._member[req_id]
+        if group is not None:
+            self.groups[group].tree.extend_ndarray(seq, tokens)
+
+    def stop(self, req_id: Hashable) -> None:
+        """The request left the batch (finished, aborted or preempted): its response stays a draft source."""
+        self.run.stop_request(req_id)
+        group, seq = self._member.pop(req_id)
+        if group is None:
+            return
+        g = self.groups[group]
+        g.running.discard(seq)
+        g.finished.append(seq)
+        while len(g.finished) > self.group_responses:
+            g.tree.remove(g.finished.popleft())
+        g.bytes = g.tree.estimate_memory()
+        self._evict()
+
+    def propose(self, req_id: Hashable, context: np.ndarray | Sequence[int], max_tokens: int) -> Draft:
+        if max_tokens <= 0:
+            return NO_DRAFT
+        context = _int32(context[-self.max_depth:])
+        run = self.run.speculate(req_id, context, max_spec_tokens=max_tokens, min_token_prob=self.min_token_prob)
+        best = Draft(list(run.token_ids), run.score, "run")
+        group, _ = self._member[req_id]
+        if group is not None:
+            self.groups.move_to_end(group)
+            d = self.groups[group].tree.speculate_ndarray(context, max_tokens, 1.0, 0.0, self.min_token_prob, False)
+            if d.score > best.score:
+                best = Draft(list(d.token_ids), d.score, "group")
+        return best if best.token_ids else NO_DRAFT
+
+    def group_memory(self) -> int:
+        return sum(g.bytes for g in self.groups.values())
+
+    def _evict(self) -> None:
+        total = self.group_memory()
+        for key in list(self.groups):  # least recently used first
+            if total <= self.group_bytes:
+                return
+            g = self.groups[key]
+            if g.running:
+                continue
+            total -= g.bytes
+            del self.groups[key]
+
+
+def _int32(tokens) -> np.ndarray:
+    return np.ascontiguousarray(tokens, dtype=np.int32)
