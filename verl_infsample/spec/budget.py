@@ -1,11 +1,13 @@
 """How many tokens to draft for a row this step, and whether to propose at all.
 
-A draft token is worth verifying when it is likely to be reached: with a per-token acceptance a, the k-th draft
-token counts only if the k-1 before it were accepted (chance a^(k-1)), so drafting stops where a^k falls under
-``min_gain``. Once a step verifies more than ``step_tokens`` tokens the forward pass is compute-bound and every
-draft token costs compute: the rows share that room, so a thin tail (few rows) drafts long and a full batch short.
-A row whose drafts have not been accepted lately stops proposing (the proposer costs CPU time every step) and tries
-again every ``retry_every`` steps. A sample predicted to end soon drafts no further than its predicted end.
+While a step verifies fewer than ``step_tokens`` tokens the forward pass is bound by reading the weights, and draft
+tokens ride along for free: the rows share that room, so a thin tail (few rows) drafts as long as the trees offer
+and a full batch short. Beyond that room a draft token costs compute, and is worth it only when it is likely to be
+reached: with a per-token acceptance a, the j-th draft token counts only if the j-1 before it were accepted, so
+drafting there stops where a^j falls under ``min_gain``; and a row whose drafts have not been accepted lately
+(under ``min_acceptance``) does not propose, trying again every ``retry_every`` steps. Where drafts are free every
+row proposes: the proposer's time a row saves by not proposing is small next to what its next accepted run gains
+(docs/results.md). A sample predicted to end soon drafts no further than its predicted end.
 """
 
 from __future__ import annotations
@@ -31,20 +33,21 @@ class RowAcceptance:
 @dataclass(frozen=True)
 class DraftBudget:
     max_tokens: int = 8  # num_speculative_tokens: vLLM reserves this many slots per row
-    step_tokens: int = 2048  # tokens a step verifies before it turns compute-bound
+    step_tokens: int = 512  # tokens a step verifies before it turns compute-bound (bf16 weights on an H100: ~300)
     min_gain: float = 0.05  # a draft token is proposed while the chance it is reached stays above this
-    min_acceptance: float = 0.1  # below it a row stops proposing ...
+    min_acceptance: float = 0.05  # below it a row stops proposing ...
     retry_every: int = 8  # ... and tries again after this many steps
 
     def tokens(self, row: RowAcceptance, *, rows: int, predicted_remaining: int | None = None) -> int:
         """The draft length for ``row`` in a step of ``rows`` decoding rows (0: do not propose)."""
-        if row.rate < self.min_acceptance and row.idle_steps < self.retry_every:
+        free = self.step_tokens // max(1, rows) - 1  # draft tokens per row that cost no compute
+        if free < 1 and row.rate < self.min_acceptance and row.idle_steps < self.retry_every:
             row.idle_steps += 1
             return 0
         row.idle_steps = 0
-        k = min(self.max_tokens, max(1, self.step_tokens // max(1, rows) - 1))
         a = min(max(row.rate, 1e-6), 1 - 1e-6)
-        k = min(k, max(1, math.floor(math.log(self.min_gain) / math.log(a))))
+        likely = math.floor(math.log(self.min_gain) / math.log(a))  # draft tokens likely to be reached
+        k = min(self.max_tokens, max(1, free, likely))
         if predicted_remaining is not None:
             k = min(k, max(1, predicted_remaining))
         return k

@@ -20,6 +20,8 @@ MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob default
 GLOBAL_RESPONSES = 10_000  # vLLM's suffix_decoding_max_cached_requests default
 GROUP_BYTES = 1 << 30  # all group trees together (estimated by the trees themselves)
 GROUP_RESPONSES = 64  # a group's answers kept (its latest)
+GROUP_SPEC_FACTOR = 2.0  # a group's tree drafts up to 2x its match length (vLLM's suffix: 1x): its siblings' text
+# continues the sample's more often than the run's text does (docs/results.md: eval-drafter, tuning prompts named)
 
 
 def _arctic():
@@ -56,10 +58,13 @@ class DraftTrees:
 
     def __init__(self, *, max_depth: int = MAX_TREE_DEPTH, min_token_prob: float = MIN_TOKEN_PROB,
                  global_responses: int = GLOBAL_RESPONSES, group_bytes: int = GROUP_BYTES,
-                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True):
+                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True, group_spec_factor: float = GROUP_SPEC_FACTOR,
+                 group_spec_offset: float = 0.0, group_min_prob: float | None = None):
         SuffixDecodingCache, self._SuffixTree = _arctic()
         self.max_depth, self.min_token_prob = max_depth, min_token_prob
         self.group_bytes, self.group_responses, self.use_groups = group_bytes, group_responses, use_groups
+        self.group_spec = (group_spec_factor, group_spec_offset,
+                           min_token_prob if group_min_prob is None else group_min_prob)
         self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses)
         self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
         self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
@@ -117,7 +122,7 @@ class DraftTrees:
         group, _ = self._member[req_id]
         if group is not None:
             self.groups.move_to_end(group)
-            d = self.groups[group].tree.speculate_ndarray(context, max_tokens, 1.0, 0.0, self.min_token_prob, False)
+            d = self.groups[group].tree.speculate_ndarray(context, max_tokens, *self.group_spec, False)
             if d.score > best.score:
                 best = Draft(list(d.token_ids), d.score, "group")
         return best if best.token_ids else NO_DRAFT

@@ -1,0 +1,287 @@
+"""``infsample eval-drafter``: tokens per step of each drafter, offline, on a user's own multi-sample text.
+
+    infsample eval-drafter --groups G.jsonl --tokenizer words|MODEL_DIR --drafter ngram,suffix,group
+                           [--history H] [--wave W] [--max-draft K] [--json]
+
+``G.jsonl`` has one prompt a line: ``{"prompt_id", "prompt", "responses": [...]}``. The first H responses of each
+prompt finish before the rest start (a probe round, or an earlier epoch); then the rest of W prompts decode side by
+side, each row advancing 1 + accepted tokens a step. A draft token is accepted when it equals the response's next
+token: the exact coupling of rejection sampling with a point-mass draft, so tokens per step here is what vLLM's
+verification would give on this text. The drafters are the product's own: vLLM's ``NgramProposer`` and
+``SuffixDecodingProposer`` (one global tree, as ``custom.speculative=suffix`` runs it) and ``GroupDrafter``, each
+built from the config ``custom.speculative`` gives vLLM, and fed a batch shaped as vLLM's ``InputBatch``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+DRAFTERS = ("ngram", "suffix", "group")
+
+
+@dataclass
+class PromptGroup:
+    prompt_id: str
+    prompt: list[int]
+    responses: list[list[int]]
+
+
+@dataclass
+class DrafterResult:
+    drafter: str
+    tokens_per_step: float  # response tokens per row per step (1.0: no draft ever accepted)
+    drafted_per_step: float  # draft tokens proposed per row per step
+    propose_us_per_row: float  # the proposer's time per row per step, on this CPU
+    responses: int  # responses measured (the first H of each prompt are history, not measured)
+    tokens: int
+    history: int
+    wave: int
+    max_draft: int
+
+
+class WordTokenizer:
+    """Whitespace-separated words as tokens, numbered as first seen (deterministic for a given file)."""
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        return [self.ids.setdefault(w, len(self.ids)) for w in text.split()]
+
+
+def make_tokenizer(spec: str):
+    if spec == "words":
+        return WordTokenizer()
+    if not Path(spec).is_dir():
+        raise ValueError(f"--tokenizer {spec!r}: neither 'words' nor a model folder with a tokenizer")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(spec)
+    return lambda text: tok.encode(text, add_special_tokens=False)
+
+
+def load_groups(path: str | Path, tokenize) -> list[PromptGroup]:
+    groups = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        missing = [k for k in ("prompt_id", "prompt", "responses") if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{n}: missing key {missing[0]!r}; each line needs prompt_id, prompt, responses")
+        if not isinstance(row["responses"], list) or not all(isinstance(r, str) for r in row["responses"]):
+            raise ValueError(f"{path}:{n}: responses must be a list of strings")
+        responses = [t for t in (tokenize(r) for r in row["responses"]) if t]
+        if responses:
+            groups.append(PromptGroup(str(row["prompt_id"]), tokenize(str(row["prompt"])), responses))
+    if not groups:
+        raise ValueError(f"{path}: no prompt with a non-empty response")
+    return groups
+
+
+class OfflineBatch:
+    """The fields of vLLM's ``InputBatch`` the proposers read, for rows that leave as they finish (the last row
+    moves into the freed place, as vLLM condenses its batch)."""
+
+    def __init__(self, rows: int, max_len: int):
+        self.req_ids: list[str] = []
+        self.req_id_to_index: dict[str, int] = {}
+        self.num_prompt_tokens = np.zeros(rows, dtype=np.int32)
+        self.num_tokens_no_spec = np.zeros(rows, dtype=np.int32)
+        self.token_ids_cpu = np.zeros((rows, max_len), dtype=np.int32)
+
+    def add(self, req_id: str, prompt: list[int]) -> None:
+        i = len(self.req_ids)
+        self.req_ids.append(req_id)
+        self.req_id_to_index[req_id] = i
+        self.num_prompt_tokens[i] = self.num_tokens_no_spec[i] = len(prompt)
+        self.token_ids_cpu[i, :len(prompt)] = prompt
+
+    def append(self, i: int, tokens: list[int]) -> None:
+        n = int(self.num_tokens_no_spec[i])
+        self.token_ids_cpu[i, n:n + len(tokens)] = tokens
+        self.num_tokens_no_spec[i] = n + len(tokens)
+
+    def remove(self, i: int) -> None:
+        last = len(self.req_ids) - 1
+        del self.req_id_to_index[self.req_ids[i]]
+        if i != last:
+            n = int(self.num_tokens_no_spec[last])
+            self.token_ids_cpu[i, :n] = self.token_ids_cpu[last, :n]
+            self.num_prompt_tokens[i] = self.num_prompt_tokens[last]
+            self.num_tokens_no_spec[i] = n
+            self.req_ids[i] = self.req_ids[last]
+            self.req_id_to_index[self.req_ids[i]] = i
+        self.req_ids.pop()
+
+
+def vllm_config(method: str, k: int, max_model_len: int, max_num_seqs: int):
+    """The parts of a ``VllmConfig`` the proposers read: ``custom.speculative``'s config over vLLM's defaults."""
+    from vllm.config import SpeculativeConfig
+
+    from verl_infsample.integration.settings import InfiniteRolloutSettings
+
+    spec = {f.name: f.default for f in fields(SpeculativeConfig) if f.name.startswith(("suffix_", "prompt_"))}
+    spec.update(InfiniteRolloutSettings(speculative=method, speculative_tokens=k).speculative_config())
+    return SimpleNamespace(speculative_config=SimpleNamespace(**spec),
+                           model_config=SimpleNamespace(max_model_len=max_model_len),
+                           scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=1))
+
+
+class Proposer:
+    """One drafter behind one call: ``propose(batch, sampled) -> drafts``, and ``verified`` for the ones that
+    learn from the verdicts."""
+
+    def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, step_tokens: int = 0):
+        config = vllm_config(method, k, max_model_len, max_num_seqs)
+        self.method, self.k = method, k
+        if method == "ngram":
+            from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+            self.impl = NgramProposer(config)
+        elif method == "suffix":
+            from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+            self.impl = SuffixDecodingProposer(config)
+        elif method == "group":
+            from verl_infsample.spec import GroupDrafter
+            from verl_infsample.spec.budget import DraftBudget
+
+            self.impl = GroupDrafter(config, runner=object())
+            if step_tokens > 0:
+                self.impl.budget = DraftBudget(max_tokens=k, step_tokens=step_tokens)
+        else:
+            raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS)}")
+
+    def propose(self, batch: OfflineBatch, sampled: list[list[int]]) -> list[list[int]]:
+        if self.method == "ngram":
+            return self.impl.propose(self.k, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        if self.method == "suffix":
+            return self.impl.propose(self.k, batch, sampled)
+        return self.impl.propose_batch(batch, sampled)
+
+    def verified(self, req_ids, drafts, outputs) -> None:
+        if self.method == "group":
+            self.impl.verified(req_ids, drafts, outputs)
+
+
+@dataclass
+class _Tally:
+    tokens: int = 0
+    row_steps: int = 0
+    drafted: int = 0
+    propose_s: float = 0.0
+    responses: int = 0
+
+
+def _decode_round(proposer: Proposer, rows: list[tuple[str, list[int], list[int]]], tally: _Tally | None) -> None:
+    """Decode ``rows`` (request id, prompt, response) side by side until each has its whole response."""
+    max_len = max(len(p) + len(r) for _, p, r in rows) + proposer.k + 2
+    batch = OfflineBatch(len(rows), max_len)
+    responses, done = {}, {}
+    sampled: list[list[int]] = []
+    for req_id, prompt, response in rows:  # the prefill step samples each row's first token
+        batch.add(req_id, prompt)
+        batch.append(len(batch.req_ids) - 1, response[:1])
+        responses[req_id], done[req_id] = response, 1
+        sampled.append(response[:1])
+    if tally is not None:
+        tally.row_steps += len(rows)
+        tally.tokens += len(rows)
+        tally.responses += len(rows)
+    while batch.req_ids:
+        finished = [i for i, r in enumerate(batch.req_ids) if done[r] >= len(responses[r])]
+        for i in sorted(finished, reverse=True):  # finished rows leave before the next proposal
+            batch.remove(i)
+            sampled[i] = sampled[-1]
+            sampled.pop()
+        if not batch.req_ids:
+            break
+        start = time.perf_counter()
+        drafts = proposer.propose(batch, sampled)
+        elapsed = time.perf_counter() - start
+        outputs, sampled = [], []
+        for i, req_id in enumerate(batch.req_ids):
+            draft, response, at = list(drafts[i])[:proposer.k], responses[req_id], done[req_id]
+            accepted = 0
+            while accepted < len(draft) and at + accepted < len(response) and draft[accepted] == response[at + accepted]:
+                accepted += 1
+            gained = response[at:at + accepted + 1]
+            outputs.append(gained + [-1] * (len(draft) + 1 - len(gained)))
+            sampled.append(gained)
+            done[req_id] = at + len(gained)
+            batch.append(i, gained)
+            if tally is not None:
+                tally.tokens += len(gained)
+                tally.row_steps += 1
+                tally.drafted += len(draft)
+        proposer.verified(list(batch.req_ids), [list(d)[:proposer.k] for d in drafts], outputs)
+        if tally is not None:
+            tally.propose_s += elapsed
+
+
+def evaluate(groups: list[PromptGroup], method: str, *, history: int = 0, wave: int = 8,
+             max_draft: int = 8, step_tokens: int = 0) -> DrafterResult:
+    """``step_tokens``: where verifying turns compute-bound, for ``group``'s budget (0: drafts cost nothing, so
+    every drafter drafts what its sources offer and tokens per step compares the sources alone)."""
+    if history < 0 or wave < 1 or max_draft < 1:
+        raise ValueError(f"need --history >= 0, --wave >= 1, --max-draft >= 1 (got {history}, {wave}, {max_draft})")
+    max_len = max(len(g.prompt) + max(map(len, g.responses)) for g in groups) + max_draft + 2
+    rows_at_once = wave * max(len(g.responses) for g in groups)
+    proposer = Proposer(method, max_draft, max_len, max(1, rows_at_once), step_tokens or 1 << 40)
+    tally = _Tally()
+    for w in range(0, len(groups), wave):
+        part = groups[w:w + wave]
+        earlier = [(f"{g.prompt_id}/{j}", g.prompt, r) for g in part for j, r in enumerate(g.responses[:history])]
+        if earlier:
+            _decode_round(proposer, earlier, None)
+        rest = [(f"{g.prompt_id}/{j}", g.prompt, r) for g in part for j, r in enumerate(g.responses)
+                if j >= history]
+        if rest:
+            _decode_round(proposer, rest, tally)
+    steps = max(1, tally.row_steps)
+    return DrafterResult(method, tally.tokens / steps, tally.drafted / steps, 1e6 * tally.propose_s / steps,
+                         tally.responses, tally.tokens, history, wave, max_draft)
+
+
+def add_eval_drafter_parser(sub) -> None:
+    p = sub.add_parser("eval-drafter", help="tokens per step of each drafter on your own multi-sample text")
+    p.add_argument("--groups", required=True, help='JSONL, one prompt a line: {"prompt_id", "prompt", "responses"}')
+    p.add_argument("--tokenizer", default="words", help="words (whitespace words) or a model folder")
+    p.add_argument("--drafter", default=",".join(DRAFTERS), help=f"comma-separated, of: {', '.join(DRAFTERS)}")
+    p.add_argument("--history", type=int, default=0, help="responses per prompt finished before the rest start")
+    p.add_argument("--wave", type=int, default=8, help="prompts decoding side by side")
+    p.add_argument("--max-draft", type=int, default=8, help="draft tokens per row at most (speculative_tokens)")
+    p.add_argument("--step-tokens", type=int, default=0,
+                   help="group's budget: tokens a step verifies before it turns compute-bound (the product's default "
+                        "is 512; 0: drafts cost nothing here, comparing the drafters' sources alone)")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.set_defaults(func=_cmd_eval_drafter)
+
+
+def _cmd_eval_drafter(args) -> int:
+    from verl_infsample.report import format_table
+
+    methods = [m.strip() for m in args.drafter.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in DRAFTERS]
+    if unknown or not methods:
+        raise ValueError(f"--drafter {args.drafter!r}: choose from {', '.join(DRAFTERS)}")
+    groups = load_groups(args.groups, make_tokenizer(args.tokenizer))
+    results = [evaluate(groups, m, history=args.history, wave=args.wave, max_draft=args.max_draft,
+                        step_tokens=args.step_tokens) for m in methods]
+    if args.json:
+        for r in results:
+            print(json.dumps(asdict(r)))
+    else:
+        print(format_table([asdict(r) for r in results], [f.name for f in fields(DrafterResult)]))
+    return 0

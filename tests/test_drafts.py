@@ -1,0 +1,184 @@
+"""Drafts (``verl_infsample.spec``): where they come from, how long they are, the run-time law check, and
+``infsample eval-drafter`` on text whose answer is known."""
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infsample_lab.bench.drafters import OfflineBatch, evaluate, load_groups, make_tokenizer
+from verl_infsample.spec.budget import DraftBudget, RowAcceptance
+from verl_infsample.spec.group_drafter import GROUP_ARG, GroupDrafter
+from verl_infsample.spec.law_guard import LawTally, target_probabilities
+from verl_infsample.spec.trees import DraftTrees
+
+
+def test_a_finished_sibling_drafts_the_rest_and_other_groups_draw_on_the_run():
+    trees = DraftTrees()
+    answer = list(range(100, 140))
+    trees.start("a", "g", [1, 2, 3])
+    trees.extend("a", answer)
+    trees.stop("a")
+    trees.start("b", "g", [1, 2, 3])
+    trees.extend("b", answer[:10])
+    draft = trees.propose("b", [1, 2, 3, *answer[:10]], 8)
+    assert draft.token_ids == answer[10:18]
+    trees.start("c", "h", [7, 7])  # another prompt: only the run's tree knows this text
+    trees.extend("c", answer[:10])
+    assert trees.propose("c", [7, 7, *answer[:10]], 8).source == "run"
+    assert trees.propose("b", [1], 0).token_ids == []
+
+
+def test_group_trees_stay_within_their_memory_and_keep_running_groups():
+    trees = DraftTrees(group_bytes=1, group_responses=2)  # every finished group is over the limit at once
+    rng = np.random.default_rng(0)
+    trees.start("keep", "running", [1])
+    trees.extend("keep", rng.integers(0, 1000, 200))
+    for g in range(5):
+        for r in range(3):
+            trees.start(f"{g}/{r}", f"group{g}", [2])
+            trees.extend(f"{g}/{r}", rng.integers(0, 1000, 200))
+            trees.stop(f"{g}/{r}")
+    assert list(trees.groups) == ["running"]  # least recently used and idle: dropped; the running one stays
+    small = DraftTrees(group_responses=2)
+    for r in range(5):
+        small.start(r, "g", [1])
+        small.extend(r, [r] * 5)
+        small.stop(r)
+    assert len(small.groups["g"].finished) == 2 and small.groups["g"].tree.num_seqs() == 2
+
+
+def test_the_budget_drafts_long_in_a_thin_tail_and_stops_where_drafts_cost_and_fail():
+    budget = DraftBudget(max_tokens=8, step_tokens=512, min_acceptance=0.1, retry_every=3)
+    assert budget.tokens(RowAcceptance(rate=0.01), rows=16) == 8  # free room: the trees' draft goes in whole
+    assert budget.tokens(RowAcceptance(rate=0.9), rows=16, predicted_remaining=3) == 3
+    good, bad = RowAcceptance(rate=0.9), RowAcceptance(rate=0.01)
+    assert budget.tokens(good, rows=1024) == 8  # compute-bound: only tokens likely reached (0.9^8 > 0.05)
+    assert budget.tokens(RowAcceptance(rate=0.5), rows=1024) == 4  # 0.5^4 > 0.05 > 0.5^5
+    assert [budget.tokens(bad, rows=1024) for _ in range(5)] == [0, 0, 0, 1, 0]  # retries every 3 steps
+    row = RowAcceptance()
+    row.verified(4, 0)
+    assert row.rate < 0.5
+    row.verified(0, 0)  # nothing verified: nothing learned
+    assert row.rate == pytest.approx(0.35)
+
+
+def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_where_it_does_not():
+    rng = random.Random(0)
+    fair, skewed = LawTally(), LawTally()
+    for _ in range(3000):
+        p = rng.random()
+        fair.add(rng.random() < p, p)
+        skewed.add(rng.random() < min(1.0, p + 0.15), p)
+    assert not fair.alarm and abs(fair.z) < 4 and abs(fair.gap) < 0.02
+    assert skewed.alarm and skewed.gap > 0.1
+    assert not LawTally(tested=10, accepted=10, expected=0.0, variance=0.01).alarm  # too few to judge
+
+    import torch
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
+    p = target_probabilities(logits, torch.tensor([0.5, 1.0]), torch.tensor([2, 4]), None, torch.tensor([1, 3]))
+    top2 = torch.softmax(torch.tensor([4.0, 2.0]), 0)  # temperature 0.5, the two best kept
+    assert p[0] == pytest.approx(float(top2[1])) and p[1] == pytest.approx(0.25)
+
+
+def _batch(rows):
+    batch = OfflineBatch(len(rows), 64)
+    for req_id, prompt, output in rows:
+        batch.add(req_id, prompt)
+        batch.append(len(batch.req_ids) - 1, output)
+    return batch
+
+
+def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_from_verdicts():
+    class Config:
+        speculative_config = type("S", (), {"num_speculative_tokens": 4})
+        model_config = type("M", (), {"max_model_len": 64})
+
+    drafter = GroupDrafter(Config(), runner=object())
+    answer = [50, 51, 52, 53, 54, 55, 56, 57]
+    drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]])  # a sibling decoded the whole answer
+    drafter.propose_batch(_batch([]), [])  # ... and left
+    # a probe's rest: its prompt carries its first tokens, the server names its group
+    rest = type("R", (), {"sampling_params": type("P", (), {"extra_args": {GROUP_ARG: "g"}})})()
+    solo = GroupDrafter(Config(), runner=object())
+    drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:3])]), [answer[2:3]])
+    assert drafts == [answer[3:7]]  # same prompt: its group
+    drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
+    assert drafter.stats.drafted == 4 and drafter.stats.accepted == 3
+    assert drafter.stats.accepted_by_position == [1, 1, 1] and drafter.stats.drafted_by_position == [1, 1, 1, 1]
+    assert drafter.rows["b"].rate > 0.5
+    solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": rest})
+    solo.propose_batch(_batch([]), [])
+    solo.trees.run.evict_cached_response("x")  # only the group's tree knows the answer now
+    assert solo.propose_batch(_batch([("y", [9, *answer[:2]], answer[2:4])]), [answer[3:4]],
+                              {"y": rest}) == [answer[4:8]]
+    assert solo.stats.from_group == 1 and solo.pop_stats().proposing_rows == 2 and solo.stats.rows == 0
+
+
+def _groups_file(tmp_path, shared: bool):
+    rng = random.Random(1)
+    lines = []
+    for p in range(6):
+        base = [f"w{rng.randrange(40)}" for _ in range(40)]
+        responses = []
+        for _ in range(6):
+            r = list(base) if shared else [f"w{rng.randrange(40)}" for _ in range(40)]
+            for _ in range(4):
+                r[rng.randrange(len(r))] = f"w{rng.randrange(40)}"
+            responses.append(" ".join(r))
+        lines.append(json.dumps({"prompt_id": f"p{p}", "prompt": f"question {p}", "responses": responses}))
+    path = tmp_path / ("shared.jsonl" if shared else "random.jsonl")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_eval_drafter_ranks_drafters_on_text_whose_siblings_agree(tmp_path):
+    path = _groups_file(tmp_path, shared=True)
+    out = subprocess.run([sys.executable, "-m", "verl_infsample.cli", "eval-drafter", "--groups", str(path),
+                          "--drafter", "ngram,suffix,group", "--history", "2", "--wave", "3", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["drafter"]: r for r in map(json.loads, out.stdout.strip().splitlines())}
+    assert set(rows["group"]) >= {"drafter", "tokens_per_step", "drafted_per_step", "propose_us_per_row",
+                                  "responses", "tokens"}
+    assert rows["group"]["responses"] == 6 * 4 and rows["group"]["tokens"] == 6 * 4 * 40
+    assert rows["group"]["tokens_per_step"] >= rows["suffix"]["tokens_per_step"] > 1.5
+    assert rows["suffix"]["tokens_per_step"] > rows["ngram"]["tokens_per_step"]
+    noise = evaluate(load_groups(_groups_file(tmp_path, shared=False), make_tokenizer("words")), "group")
+    assert noise.tokens_per_step < rows["group"]["tokens_per_step"]
+
+
+def test_eval_drafter_names_what_is_wrong_with_its_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_id": 1, "prompt": "q", "responses": ["a b"]}\n{"prompt": "q", "responses": []}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: missing key 'prompt_id'"):
+        load_groups(bad, make_tokenizer("words"))
+    bad.write_text('{"prompt_id": 1, "prompt": "q", "responses": "a b"}\n')
+    with pytest.raises(ValueError, match="responses must be a list of strings"):
+        load_groups(bad, make_tokenizer("words"))
+    with pytest.raises(ValueError, match="neither 'words' nor a model folder"):
+        make_tokenizer(str(tmp_path / "nowhere"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.lists(st.integers(0, 7), max_size=30), min_size=1, max_size=5), min_size=1, max_size=4),
+       st.integers(0, 3), st.integers(1, 3), st.integers(1, 6))
+def test_any_text_is_decoded_whole_by_every_drafter(groups, history, wave, max_draft):
+    """Odd input (empty responses, one-token answers, repeats): each drafter decodes every measured token once."""
+    from infsample_lab.bench.drafters import PromptGroup
+
+    parts = [PromptGroup(f"p{i}", [i], [r for r in g if r]) for i, g in enumerate(groups)]
+    parts = [g for g in parts if g.responses]
+    if not parts:
+        return
+    want = sum(len(r) for g in parts for r in g.responses[history:])
+    for method in ("suffix", "group"):
+        result = evaluate(parts, method, history=history, wave=wave, max_draft=max_draft)
+        assert result.tokens == want
+        assert 1.0 <= result.tokens_per_step <= max_draft + 1 or result.tokens == 0
