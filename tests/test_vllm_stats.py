@@ -66,9 +66,10 @@ def test_the_stats_logger_sums_vllms_steps_and_verls_server_builds_its_engine_wi
         it = IterationStats()
         it.iteration_timestamp, it.num_generation_tokens = 200.0, 4
         logger.record(SchedulerStats(num_running_reqs=2, spec_decoding_stats=spec), it)
-        m = vllm_stats.pop_step_metrics()
+        from verl_infsample.integration.rollout.metrics import merge_rollout_metrics
+        m = merge_rollout_metrics([vllm_stats.pop_step_metrics()], parallel=True)  # as the trainer gets them
         print(m["infsample/spec_drafted"], m["infsample/spec_accepted"], m["infsample/spec_tokens_per_step"],
-              *(m[f"infsample/spec_acceptance_pos{j}"] for j in range(3)), "spec_drafted_pos0" in m)
+              *(m[f"infsample/spec_acceptance_pos{j}"] for j in range(3)), "infsample/spec_drafted_pos0" in m)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

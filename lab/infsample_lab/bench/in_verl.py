@@ -40,6 +40,9 @@ from ..paths import REPO
 ROOT = REPO
 SCRIPT = ROOT / "examples" / "logic_puzzles" / "run_grpo_cpu.sh"
 BACKENDS = ("vllm", "infinite")
+# a backend with drafts: "vllm+suffix" is verl's vLLM rollout with vLLM's suffix drafts, as a verl user turns them on
+# (engine_kwargs.vllm.speculative_config); "infinite+group" is ours with custom.speculative=group
+VARIANTS = (*BACKENDS, *(f"{b}+{s}" for b in BACKENDS for s in ("ngram", "suffix", "group")))
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ WORKLOADS = {
 }
 COLUMNS = ["backend", "n", "prompts", "samples", "gen_s", "engine_steps", "lower_bound_steps", "preemptions",
            "tokens_computed", "generated_tokens", "peak_kv_blocks", "kv_blocks", "gen_s_vs_vllm", "steps_vs_vllm",
-           "steps_vs_lower_bound", "steps_vs_arrival_bound"]
+           "steps_vs_lower_bound", "steps_vs_arrival_bound", "tokens_per_step", "drafter_ms_per_step"]
 
 
 @dataclass
@@ -95,6 +98,10 @@ class VerlBenchRow:
     # rows vLLM ran a step, over the run (max_num_seqs at most): below it, slots stood idle or KV ran short
     mean_running: float | None = None
     plan_ms: float = 0.0  # the server's time in the plan's order (infinite on vLLM), over the run
+    tokens_per_step: float | None = None  # tokens a running row gained per engine step (1 + accepted drafts)
+    spec_drafted: int = 0  # draft tokens verified, and accepted (vLLM's scheduler counts them)
+    spec_accepted: int = 0
+    drafter_ms_per_step: float | None = None  # the group drafter's own time per engine step (infinite+group)
     repeat: int = 0  # which of ``--repeats`` runs of this backend and n; ratios are against verl's of the same one
 
 
@@ -134,7 +141,9 @@ def add_bench_verl_parser(sub) -> None:
                    help="vLLM KV pool of both, in blocks (num_gpu_blocks_override; default 24: on the CPU, blocks "
                         "of 128 tokens, a few prompts and max_num_seqs samples)")
     p.add_argument("--response-length", type=int, help="default: 48 (puzzles), 160 (varying)")
-    p.add_argument("--backend", action="append", choices=BACKENDS, help="backends (default: both)")
+    p.add_argument("--backend", action="append", choices=VARIANTS,
+                   help="backends (default: vllm and infinite); with drafts: vllm+suffix (verl's vLLM rollout with "
+                        "vLLM's suffix drafts through engine_kwargs), infinite+group (custom.speculative=group), ...")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each backend and n, alternating (a run's engine steps move with the agent loop's "
                         "pace: compare medians)")
@@ -166,10 +175,25 @@ def parse_step_lines(output: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def run_one(backend: str, n: int, prompts: int, args, work: Path, repeat: int = 0) -> VerlBenchRow:
+def draft_overrides(variant: str) -> list[str]:
+    """The Hydra overrides that turn a variant's drafts on: verl's way for vllm, ours for infinite."""
+    from verl_infsample.integration.settings import InfiniteRolloutSettings
+
+    backend, _, spec = variant.partition("+")
+    if not spec:
+        return []
+    if backend == "infinite":
+        return [f"actor_rollout_ref.rollout.custom.speculative={spec}"]
+    config = InfiniteRolloutSettings(speculative=spec).speculative_config()
+    return ["+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={"
+            + ",".join(f"{k}:{v}" for k, v in config.items()) + "}"]
+
+
+def run_one(variant: str, n: int, prompts: int, args, work: Path, repeat: int = 0) -> VerlBenchRow:
     """One training run; raises with the run's last output if it fails or reports no figures."""
     from ..models.tiny import tiny_model_path
 
+    backend = variant.partition("+")[0]
     workload = WORKLOADS[args.workload]
     response_length = args.response_length or (160 if args.workload == "varying" else 48)
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "RAY_ADDRESS")}
@@ -180,8 +204,9 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path, repeat: int = 
     overrides = ["trainer.v1.trainer_mode=infinite_sync",  # collects the servers' figures after each step
                  f"+actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override={args.kv_blocks}",
                  "actor_rollout_ref.actor.use_kl_loss=false",
-                 *(workload.infinite_overrides if backend == "infinite" else ()), *args.extra]
-    name = f"{backend}_n{n}" + (f"_r{repeat}" if repeat else "")
+                 *(workload.infinite_overrides if backend == "infinite" else ()), *draft_overrides(variant),
+                 *args.extra]
+    name = f"{variant.replace('+', '_')}_n{n}" + (f"_r{repeat}" if repeat else "")
     proc = subprocess.run(["bash", str(workload.script), str(work / name), *overrides], capture_output=True,
                           text=True, env=env, cwd=work, timeout=1800)
     output = proc.stdout + proc.stderr
@@ -190,9 +215,9 @@ def run_one(backend: str, n: int, prompts: int, args, work: Path, repeat: int = 
     steps = parse_step_lines(output)
     if proc.returncode != 0 or sorted(steps) != list(range(1, args.steps + 1)) or not all(
             "infsample/decode_steps" in m for m in steps.values()):
-        raise RuntimeError(f"bench-verl: the {backend} run at n={n} failed (rc {proc.returncode}); its log: "
+        raise RuntimeError(f"bench-verl: the {variant} run at n={n} failed (rc {proc.returncode}); its log: "
                            f"{log}\n{output[-3000:]}")
-    row = row_from_steps(backend, n, prompts, args.slots, steps)
+    row = row_from_steps(variant, n, prompts, args.slots, steps)
     row.repeat = repeat
     return row
 
@@ -236,7 +261,13 @@ def row_from_steps(backend: str, n: int, prompts: int, slots: int, steps: dict[i
                         step_arrival_bound_steps=arrival_bounds,
                         mean_running=round(total("running_rows") / total("decode_steps"), 2)
                         if total("decode_steps") and total("running_rows") else None,
-                        plan_ms=round(total("plan_ms"), 1))
+                        plan_ms=round(total("plan_ms"), 1),
+                        tokens_per_step=round(total("total_tokens") / total("running_rows"), 3)
+                        if total("running_rows") else None,
+                        spec_drafted=int(total("spec_drafted")), spec_accepted=int(total("spec_accepted")),
+                        drafter_ms_per_step=round(statistics.mean(m["infsample/spec_drafter_ms_per_step"] for m in
+                                                                  ordered), 3)
+                        if all("infsample/spec_drafter_ms_per_step" in m for m in ordered) else None)
 
 
 def with_ratios(rows: list[VerlBenchRow]) -> list[VerlBenchRow]:
@@ -273,7 +304,7 @@ def repeat_summary(rows: list[VerlBenchRow]) -> list[VerlBenchSummary]:
 
 def _cmd_bench_verl(args) -> int:
     ns = args.n or [16, 64, 256]
-    backends = args.backend or list(BACKENDS)
+    backends = list(dict.fromkeys(args.backend or BACKENDS))
     if any(n < 1 for n in ns) or min(args.steps, args.slots, args.kv_blocks, args.repeats) < 1:
         raise ValueError("--n, --steps, --slots, --kv-blocks and --repeats must be >= 1")
     runs = [(b, n, k) for k in range(args.repeats) for n in ns for b in backends]

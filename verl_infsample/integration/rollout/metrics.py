@@ -10,12 +10,16 @@ _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infs
         "infsample/lookahead_prefills", "infsample/tokens_computed", "infsample/cached_prompt_tokens",
         "infsample/probes", "infsample/probe_continuations", "infsample/probe_skipped", "infsample/rests_held",
         "infsample/held_aborted", "infsample/starved_steps",
-        "infsample/running_rows")  # running_rows / decode_steps: rows a step, one replica
+        "infsample/running_rows",  # running_rows / decode_steps: rows a step, one replica
+        "infsample/spec_drafted", "infsample/spec_accepted", "infsample/spec_rows", "infsample/spec_proposing_rows",
+        "infsample/spec_from_group", "infsample/spec_group_tree_mb")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/arrival_bound_steps",
                "infsample/plan_ms",
                "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size",
-        "infsample/engine_room")
+        "infsample/engine_room", "infsample/spec_drafter_ms_per_step", "infsample/spec_law_gap", "infsample/spec_law_z",
+        "infsample/spec_law_tested", "infsample/spec_law_alarm")  # the largest in magnitude
+DRAFTED_AT, ACCEPTED_AT = "infsample/spec_drafted_pos", "infsample/spec_accepted_pos"  # counts by draft position
 
 
 def rollout_metrics(res, capacity, *, samples: int, joined: int) -> dict:
@@ -34,13 +38,24 @@ def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
     replicas' step totals (``parallel=True``). Keys outside the known ones are dropped; empty dicts are ignored."""
     metrics = [m for m in metrics if m]
     out: dict = {}
-    for key in _SUM + _SEQUENTIAL + _MAX:
+    positions = sorted({k for m in metrics for k in m if k.startswith((DRAFTED_AT, ACCEPTED_AT))})
+    for key in _SUM + _SEQUENTIAL + _MAX + tuple(positions):
         values = [m[key] for m in metrics if key in m]
         if not values:
             continue
-        out[key] = max(values) if key in _MAX or (parallel and key in _SEQUENTIAL) else sum(values)
+        if key in _MAX:
+            out[key] = max(values, key=abs)
+        else:
+            out[key] = max(values) if parallel and key in _SEQUENTIAL else sum(values)
     if parallel and metrics:
         out["infsample/replicas"] = len(metrics)
+        if out.get("infsample/running_rows"):  # tokens a running row gained per step: 1 + accepted drafts
+            out["infsample/spec_tokens_per_step"] = out["infsample/total_tokens"] / out["infsample/running_rows"]
+        for key in [k for k in out if k.startswith(DRAFTED_AT)]:  # the step's counts -> acceptance by position
+            j = key.removeprefix(DRAFTED_AT)
+            drafted, accepted = out.pop(key), out.pop(f"{ACCEPTED_AT}{j}", 0)
+            if drafted:
+                out[f"infsample/spec_acceptance_pos{j}"] = accepted / drafted
     return out
 
 

@@ -4,14 +4,13 @@ With any ``speculative_config`` vLLM 0.32 drops ``min_p`` and ``logit_bias`` for
 logits processors: a request that asks for them is refused here, by name, rather than sampled otherwise. What
 drafts did comes from two places: vLLM's scheduler (drafted and accepted tokens, by position: ``stats``, the same
 for every method) and, with ``group``, the drafter in each worker (its own time, where its drafts came from, and
-the run-time law check of ``spec.law_guard``), fetched by ``collective_rpc``.
+the run-time law check of ``spec.law_guard``), fetched by ``collective_rpc`` (``worker_extension``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from ....spec.group_drafter import pop_drafter_stats
 from ....spec.law_guard import LawTally
 
 logger = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ class DraftReport:
     async def pop_metrics(self, engine) -> dict:
         if self.speculative != "group" or engine is None:
             return {}
-        parts = [p for p in await engine.collective_rpc(pop_drafter_stats) if p]
+        parts = [p for p in await engine.collective_rpc("infsample_pop_drafter_stats") if p]
         if not parts:
             return {}
         steps = max(p["steps"] for p in parts)

@@ -91,6 +91,12 @@ class InfiniteVLLMServer(vLLMHttpServer):
         vllm_stats.on_step(self._engine_step)
         vllm_stats.on_finished(self._request_finished)
 
+    def _get_worker_extension_cls(self) -> str:
+        """verl's colocate extension, with what the drafter reports (``worker_extension``)."""
+        from .worker_extension import CLASS_PATH
+
+        return CLASS_PATH
+
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
         super()._preprocess_engine_kwargs(engine_kwargs)
         engine_kwargs["scheduling_policy"] = "priority"

@@ -15,10 +15,10 @@ import threading
 import weakref
 from typing import Callable
 
+from ..metrics import ACCEPTED_AT, DRAFTED_AT
 from .probe import PROBE_SUFFIX
 
 STATS_ENV = "VERL_INFSAMPLE_VLLM_STATS"
-DRAFTED_AT, ACCEPTED_AT = "spec_drafted_pos", "spec_accepted_pos"  # per-position counts, merged into rates
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 _loggers: list = []  # every RolloutStatsLogger of this process (one per engine; several under data parallelism)
 _lock = threading.Lock()
@@ -142,9 +142,7 @@ def _logger_class():
                    "infsample/kv_block_size": int(self.cache.block_size or 0),
                    "infsample/running_rows": self.running,
                    "infsample/arrival_bound_steps": self._arrival_bound(),
-                   "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0,
-                   # tokens a decoding row gained per step (1 without drafts; 1 + accepted with them)
-                   "infsample/spec_tokens_per_step": self.generated / self.running if self.running else 0.0}
+                   "infsample/wall_s": (self.last_t - self.first_t) if self.first_t else 0.0}
             if self.drafted:
                 out.update({"infsample/spec_drafted": self.drafted, "infsample/spec_accepted": self.accepted})
                 out.update({f"{DRAFTED_AT}{j}": d for j, d in enumerate(self.drafted_at)})
@@ -197,13 +195,6 @@ def pop_step_metrics(_server=None) -> dict:
     if not parts:
         return {}
     out = {key: sum(p.get(key, 0) for p in parts) for key in set().union(*parts)}
-    running = sum(p["infsample/running_rows"] for p in parts)
-    out["infsample/spec_tokens_per_step"] = out["infsample/total_tokens"] / running if running else 0.0
-    for key in [k for k in out if k.startswith(DRAFTED_AT)]:  # counts by draft position -> acceptance there
-        j = key.removeprefix(DRAFTED_AT)
-        drafted, accepted = out.pop(key), out.pop(f"{ACCEPTED_AT}{j}", 0)
-        if drafted:
-            out[f"infsample/spec_acceptance_pos{j}"] = accepted / drafted
     for key in ("infsample/decode_steps", "infsample/wall_s", "infsample/kv_block_size",
                 "infsample/arrival_bound_steps"):
         out[key] = max(p[key] for p in parts)
