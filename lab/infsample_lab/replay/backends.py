@@ -26,6 +26,7 @@ priority. What each does is the real code's doing, called here, not re-told:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections import Counter
@@ -167,7 +168,16 @@ class InfiniteBackend:
             where = {r.request_id: i for i, reqs in enumerate(routed) for r in reqs}
             placed = [where[s.request_id] for s in arrivals]
         else:
+            before = dataclasses.replace(self.router.past)
             placed = asyncio.run(self._acquire_all(arrivals))
+            after = self.router.past
+            with_past = after.requests_with_past - before.requests_with_past
+            placed_tokens = after.placed_tokens - before.placed_tokens
+            self.step_past = {  # this step's routing by its prompts' past (StepRow.past_found, past_stray)
+                "past_found": round((after.requests_at_past - before.requests_at_past) / with_past, 4)
+                if with_past else None,
+                "past_stray": round((after.strayed_tokens - before.strayed_tokens) / placed_tokens, 4)
+                if placed_tokens else 0.0}
         sizes = Counter(s.prompt_id for s in arrivals)
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         self._routed = [{} for _ in range(self.replicas)]

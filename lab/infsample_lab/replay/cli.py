@@ -11,7 +11,7 @@ from .hardware import GPUS, MODELS, Calibration
 
 TABLE_COLUMNS = ["backend", "predictor", "step", "samples", "engine_steps", "lower_bound_steps", "steps_vs_vllm",
                  "model_s", "time_vs_vllm", "preemptions", "recomputed_tokens", "prefix_hit_tokens",
-                 "probes", "probe_prefill_tokens", "peak_kv_blocks", "mean_running"]
+                 "probes", "probe_prefill_tokens", "peak_kv_blocks", "mean_running", "past_found", "past_stray"]
 
 
 def add_replay_parser(sub) -> None:

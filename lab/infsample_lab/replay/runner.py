@@ -112,6 +112,10 @@ class StepRow:
     order_vs_plan: float  # worst check: longest first's planned makespan over the plan's (1.0: the plan's own)
     mean_running: float  # rows per engine step, over replicas
     replica_steps: list[int]
+    # our router only: the share of this step's requests whose prompt was served before that went back to its
+    # replica (None: none had a past), and the work placed beyond the least-loaded replica, over the work placed
+    past_found: float | None = None
+    past_stray: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -294,7 +298,8 @@ def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_
         plan_checks=sum(r.plan_checks for r in per_replica),
         order_vs_plan=round(max(r.order_vs_plan for r in per_replica), 5),
         mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
-        replica_steps=[r.engine_steps for r in per_replica])
+        replica_steps=[r.engine_steps for r in per_replica],
+        **getattr(backend, "step_past", {}))
 
 
 def _check_pool(trace: list[TracePrompt], config: ReplayConfig, cap: int) -> None:

@@ -19,6 +19,10 @@ This router (selected by ``rollout.router_config_path``, see ``verl_infsample.ro
   (at most 10x that), then every waiting group is placed. Greedy in arrival order would leave the replicas up to
   one group apart, and which group comes last is up to the client's timing; largest-first leaves them at most
   the smallest groups apart, whatever the arrival order. The servers wait for their batch the same way;
+- sends a group back to the replica that served its prompt before (where its server's predictor and drafter hold
+  the prompt's past: its lengths, its earlier answers) when that replica's booked work is within ``past_slack`` x
+  the group's own predicted work of the least-loaded one's; else by load. ``get_status`` reports the share of
+  requests that found their prompt's past and the work placed beyond least-loaded;
 - predicts a request's length with the core's ``history`` predictor (per-prompt mean of earlier responses, else
   the mean of all, else the same weight for every request: then it balances requests, group by group).
 
@@ -63,6 +67,7 @@ class GroupAffinityConfig:
     length_refresh_s: float = 1.0  # collect finished lengths from the servers at most this often
     placement_window_ms: float = 20.0  # new groups wait until none has come for this long, then go largest first
     max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE  # request ids remembered for sticky sessions
+    past_slack: float = 0.5  # a group returns to its prompt's replica if that is within this x its work of the least
 
     @classmethod
     def from_yaml(cls, config: dict | None, source: str = "router config") -> "GroupAffinityConfig":
@@ -78,6 +83,9 @@ class GroupAffinityConfig:
         if not isinstance(c.placement_window_ms, (int, float)) or c.placement_window_ms < 0:
             raise RouterConfigError(f"{source}: placement_window_ms={c.placement_window_ms!r} must be a number >= 0 "
                                     "(0 places each new group as its first request arrives)")
+        if not isinstance(c.past_slack, (int, float)) or c.past_slack < 0:
+            raise RouterConfigError(f"{source}: past_slack={c.past_slack!r} must be a number >= 0 (0: always the "
+                                    "least-loaded replica)")
         if not isinstance(c.max_cache_size, int) or c.max_cache_size < 1:
             raise RouterConfigError(f"{source}: max_cache_size={c.max_cache_size!r} must be an integer >= 1")
         return c
@@ -101,6 +109,23 @@ class _GroupVisit:
     unclaimed_tokens: float
     inflight: int = 0
     requests: int = 0
+    had_past: bool = False  # its prompt was served before ...
+    at_past: bool = False  # ... and this visit went back to that replica
+
+
+@dataclass
+class PastRouting:
+    """How often requests found their prompt's past, and what that cost in balance."""
+
+    requests_with_past: int = 0  # requests whose prompt a replica had served before
+    requests_at_past: int = 0  # ... sent back to that replica
+    placed_tokens: float = 0.0  # predicted work of the groups placed
+    strayed_tokens: float = 0.0  # booked work of the chosen replica beyond the least-loaded one's, summed
+
+    def report(self) -> dict:
+        return {"past_found": self.requests_at_past / self.requests_with_past if self.requests_with_past else None,
+                "past_stray": self.strayed_tokens / self.placed_tokens if self.placed_tokens else 0.0,
+                "requests_with_past": self.requests_with_past}
 
 
 class GroupAffinityRouter(GlobalRequestLoadBalancer):
@@ -115,6 +140,8 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
         self._sizes_seen = [0, 0]  # groups completed, their requests: the mean group size
         self._waiting: dict[str, float] = {}  # new groups waiting for placement -> their predicted work
         self._placed: dict[str, str] = {}  # groups placed, whose requests have not claimed the placement yet
+        self._homes: dict[str, str] = {}  # group -> the replica that served its prompt last (most recent last)
+        self.past = PastRouting()
         self._placement: asyncio.Future | None = None  # resolves when the waiting groups are placed
         self._last_new_group = 0.0
         self._routed: dict[str, list[_Routed]] = {}  # request id -> its acquisitions in flight
@@ -151,15 +178,24 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
             server_id = visit.server_id
         if server_id not in self._servers and visit is None:
             server_id = self._placed.pop(group, None)
+        booked = self._expected_size(group) * predicted
         if server_id not in self._servers:
-            server_id = self._least_predicted_work()
+            self._collect_lengths()
+            server_id = self._choose(group, booked, self._predicted_work)
         if visit is None or visit.server_id != server_id:  # a new visit (or its replica was removed): book it whole
             if visit is not None:
                 self._unbook(visit.server_id, visit.unclaimed_tokens)
-            booked = self._expected_size(group) * predicted
-            visit = _GroupVisit(server_id, booked, visit.inflight if visit else 0, visit.requests if visit else 0)
+            home = self._homes.get(group)
+            visit = _GroupVisit(server_id, booked, visit.inflight if visit else 0, visit.requests if visit else 0,
+                                had_past=home in self._servers, at_past=home == server_id)
             self._visits[group] = visit
             self._predicted_work[server_id] += booked
+            self._homes.pop(group, None)
+            self._homes[group] = server_id
+            if len(self._homes) > self.config.max_cache_size:
+                del self._homes[next(iter(self._homes))]
+        self.past.requests_with_past += visit.had_past
+        self.past.requests_at_past += visit.at_past
         claimed = min(predicted, visit.unclaimed_tokens)  # a sibling the booking expected ...
         visit.unclaimed_tokens -= claimed
         self._predicted_work[server_id] += predicted - claimed  # ... or one more than expected
@@ -208,7 +244,7 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
     def get_status(self) -> dict:
         self._collect_lengths()
         return {**super().get_status(), "predicted_tokens": dict(self._predicted_work),
-                "groups_in_flight": len(self._visits), "lengths_learned": self.lengths_learned}
+                "groups_in_flight": len(self._visits), "lengths_learned": self.lengths_learned, **self.past.report()}
 
     def observe_lengths(self, lengths) -> None:
         """(``prompt_key``, length) of finished samples: what the next groups are placed by."""
@@ -244,18 +280,24 @@ class GroupAffinityRouter(GlobalRequestLoadBalancer):
             return
         booked = dict(self._predicted_work)
         for group, work in sorted(waiting.items(), key=lambda kv: -kv[1]):
-            order = {sid: i for i, sid in enumerate(self._servers)}
-            server_id = min(self._servers, key=lambda sid: (booked.get(sid, 0.0), self._inflight_requests.get(sid, 0),
-                                                            order[sid]))
+            server_id = self._choose(group, work, booked)
             booked[server_id] = booked.get(server_id, 0.0) + work
             self._placed[group] = server_id
 
-    def _least_predicted_work(self) -> str:
-        """The replica with the least predicted work outstanding (then fewest requests, then the first)."""
-        self._collect_lengths()
+    def _choose(self, group: str, work: float, booked: dict[str, float]) -> str:
+        """Where a new visit of ``group`` (``work`` predicted) goes, given the work ``booked`` per replica: back to
+        its prompt's replica where that is within ``past_slack`` x ``work`` of the least-loaded, else the
+        least-loaded (then fewest requests, then the first)."""
         order = {sid: i for i, sid in enumerate(self._servers)}
-        return min(self._servers, key=lambda sid: (self._predicted_work.get(sid, 0.0),
-                                                   self._inflight_requests.get(sid, 0), order[sid]))
+        least = min(self._servers, key=lambda sid: (booked.get(sid, 0.0), self._inflight_requests.get(sid, 0),
+                                                    order[sid]))
+        home = self._homes.get(group)
+        chosen = least
+        if home in self._servers and booked.get(home, 0.0) <= booked.get(least, 0.0) + self.config.past_slack * work:
+            chosen = home
+        self.past.placed_tokens += work
+        self.past.strayed_tokens += booked.get(chosen, 0.0) - booked.get(least, 0.0)
+        return chosen
 
     def _unbook(self, server_id: str, tokens: float) -> None:
         if server_id in self._predicted_work:
