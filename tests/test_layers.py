@@ -1,8 +1,8 @@
 """The house's rules, read from the code's own imports (every ``import``, at the top or inside a function):
 
 - the plugin's layers import downwards only: ``core`` (pure: samples, plans, policies, predictors) imports nothing
-  of ours outside itself; ``predict`` only ``core``; ``engines`` and ``spec`` (drafts) only those two; ``integration`` (everything that
-  touches verl) anything below it; ``cli`` anything of the plugin;
+  of ours outside itself; ``predict`` only ``core``; ``engines`` and ``spec`` (drafts) only those two;
+  ``integration`` (everything that touches verl) anything below it; ``cli`` anything of the plugin;
 - no module imports the package it lives in from below (``from .. import x`` of a package's ``__init__``);
 - the plugin never imports the lab (``infsample_lab``): ``pip install .`` ships it alone;
 - no import cycle among the plugin's modules, nor among the lab's.

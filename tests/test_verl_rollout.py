@@ -164,7 +164,8 @@ def test_drafts_name_their_vllm_config_and_what_they_need(monkeypatch):
     assert hasattr(getattr(importlib.import_module(module), name), "propose")
     assert InfiniteRolloutSettings(speculative="suffix").speculative_config()["method"] == "suffix"
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "arctic_inference" else find_spec(n, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "arctic_inference" else find_spec(n, *a))
     for method in ("suffix", "group"):
         with pytest.raises(SettingsError, match=rf"speculative='{method}': needs arctic-inference.*pip install"):
             InfiniteRolloutSettings.from_custom({"speculative": method})

@@ -185,11 +185,12 @@ class GroupDrafter:
         rows = len(metadata.num_draft_tokens)
         starts = np.concatenate([[0], np.cumsum(metadata.num_draft_tokens)])
         offset = (self.stats.steps * 7) % max(1, rows)  # a different share of rows each step
+        temperature = m.temperature.cpu().tolist()  # one copy off the device, not one per row
         chosen, budget = [], POSITIONS_PER_STEP
         for r in range(rows):
             i = (offset + r) % rows
             n = metadata.num_draft_tokens[i]
-            if n and budget >= n and float(m.temperature[i]) >= GREEDY_BELOW:
+            if n and budget >= n and temperature[i] >= GREEDY_BELOW:
                 chosen.append(i)
                 budget -= n
         if not chosen:

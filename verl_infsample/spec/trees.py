@@ -58,7 +58,8 @@ class DraftTrees:
 
     def __init__(self, *, max_depth: int = MAX_TREE_DEPTH, min_token_prob: float = MIN_TOKEN_PROB,
                  global_responses: int = GLOBAL_RESPONSES, group_bytes: int = GROUP_BYTES,
-                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True, group_spec_factor: float = GROUP_SPEC_FACTOR,
+                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True,
+                 group_spec_factor: float = GROUP_SPEC_FACTOR,
                  group_spec_offset: float = 0.0, group_min_prob: float | None = None):
         SuffixDecodingCache, self._SuffixTree = _arctic()
         self.max_depth, self.min_token_prob = max_depth, min_token_prob

@@ -214,7 +214,8 @@ def _decode_round(proposer: Proposer, rows: list[tuple[str, list[int], list[int]
         for i, req_id in enumerate(batch.req_ids):
             draft, response, at = list(drafts[i])[:proposer.k], responses[req_id], done[req_id]
             accepted = 0
-            while accepted < len(draft) and at + accepted < len(response) and draft[accepted] == response[at + accepted]:
+            while (accepted < len(draft) and at + accepted < len(response)
+                   and draft[accepted] == response[at + accepted]):
                 accepted += 1
             gained = response[at:at + accepted + 1]
             outputs.append(gained + [-1] * (len(draft) + 1 - len(gained)))
