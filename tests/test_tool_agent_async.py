@@ -6,21 +6,22 @@ Set INFSAMPLE_SKIP_E2E=1 to skip it.
 """
 
 import pytest
-from test_tool_agent import _check_tool_rounds, _train, e2e
+from test_tool_agent import DRAFTS, _check_tool_rounds, _train, e2e
 
 
 @e2e
 @pytest.mark.timeout(1200)
 def test_tool_agent_grpo_colocate_async_on_vllm_with_probes(tmp_path, tiny_tools_model_dir):
-    """rollout.name=infinite on vLLM, the learned predictor (each turn a 4-token probe and its rest), the YAML
-    BaseTool, verl's trainer.v1.trainer_mode=colocate_async: verl samples the next batch while the trainer works,
-    aborts the rollout at the end of each sampling phase (the servers' abort_all_requests, landing in probes, rests
-    and between a trajectory's turns), syncs the weights and resumes. Every trajectory comes back whole (none aborted,
-    its tool round in it); step 1's joined responses carry the log-probs the trainer computes, and step 2 trains on
-    samples drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
+    """rollout.name=infinite on vLLM, the learned predictor (each turn a 4-token probe and its rest), group drafts,
+    the YAML BaseTool, verl's trainer.v1.trainer_mode=colocate_async: verl samples the next batch while the trainer
+    works, aborts the rollout at the end of each sampling phase (the servers' abort_all_requests, landing in probes,
+    rests and between a trajectory's turns), syncs the weights and resumes. Every trajectory comes back whole (none
+    aborted, its tool round in it); step 1's joined responses carry the log-probs the trainer computes, and step 2
+    trains on samples drawn with the weights before step 1's update (staleness 1): the asynchronous mode ran."""
     pytest.importorskip("vllm")
     steps = _train(tmp_path / "run", tiny_tools_model_dir, "infinite", "vllm", "class",
-                   "trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.custom.predictor='learned:k=4'")
+                   "trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.custom.predictor='learned:k=4'",
+                   *DRAFTS)
     _check_tool_rounds(steps, synced=False)
     for m in steps.values():
         assert m["response/aborted_ratio"] == 0 and "timing_s/update_weights" in m

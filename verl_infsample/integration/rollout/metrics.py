@@ -49,7 +49,9 @@ def merge_rollout_metrics(metrics: list[dict], *, parallel: bool) -> dict:
             out[key] = max(values) if parallel and key in _SEQUENTIAL else sum(values)
     if parallel and metrics:
         out["infsample/replicas"] = len(metrics)
-        if out.get("infsample/running_rows"):  # tokens a running row gained per step: 1 + accepted drafts
+        # tokens a running row gained per step: 1 + accepted drafts (vLLM counts the rows running after each step,
+        # without those that finished in it: short answers read a little above 1 without drafts)
+        if out.get("infsample/running_rows"):
             out["infsample/spec_tokens_per_step"] = out["infsample/total_tokens"] / out["infsample/running_rows"]
         for key in [k for k in out if k.startswith(DRAFTED_AT)]:  # the step's counts -> acceptance by position
             j = key.removeprefix(DRAFTED_AT)
