@@ -130,7 +130,8 @@ def vllm_config(method: str, k: int, max_model_len: int, max_num_seqs: int):
 
     from verl_infsample.integration.settings import InfiniteRolloutSettings
 
-    spec = {f.name: f.default for f in fields(SpeculativeConfig) if f.name.startswith(("suffix_", "prompt_"))}
+    spec = {f.name: getattr(f.default, "default", f.default)  # pydantic wraps some defaults in a FieldInfo
+            for f in fields(SpeculativeConfig) if f.name.startswith(("suffix_", "prompt_"))}
     spec.update(InfiniteRolloutSettings(speculative=method, speculative_tokens=k).speculative_config())
     return SimpleNamespace(speculative_config=SimpleNamespace(**spec),
                            model_config=SimpleNamespace(max_model_len=max_model_len),
