@@ -40,10 +40,11 @@ class DraftReport:
         self.law = LawTally()
         self.alarmed = False
 
-    async def pop_metrics(self, engine) -> dict:
-        if self.speculative != "group" or engine is None:
+    async def pop_metrics(self, worker_rpc) -> dict:
+        """``worker_rpc(method)``: vLLM's ``collective_rpc`` of the server's engine (called only with drafts on)."""
+        if self.speculative != "group":
             return {}
-        parts = [p for p in await engine.collective_rpc("infsample_pop_drafter_stats") if p]
+        parts = [p for p in await worker_rpc("infsample_pop_drafter_stats") if p]
         if not parts:
             return {}
         steps = max(p["steps"] for p in parts)

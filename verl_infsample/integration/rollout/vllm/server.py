@@ -254,7 +254,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
             metrics["infsample/samples"] -= counts["probe_continuations"]
         metrics.update({f"infsample/{k}": v for k, v in counts.items()})
         metrics["infsample/engine_room"] = self.order.room
-        metrics.update(await self.drafts.pop_metrics(self.engine))
+        metrics.update(await self.drafts.pop_metrics(lambda method: self.engine.collective_rpc(method)))
         return metrics
 
 
