@@ -1,6 +1,7 @@
 """Where a draft comes from: a suffix tree per group (its siblings' responses, running and finished, and the same
 prompt's answers of earlier steps) beside vLLM's own ``suffix`` structure (the request's prompt and one global tree
-of the run's recent responses). Each row gets the better-scored of the two drafts.
+of the run's recent responses). Each row gets the longer draft where one goes on from the other, else the
+better-scored of the two.
 
 Trees are arctic-inference's C++ suffix trees (``SuffixDecodingCache`` for vLLM's part, its ``SuffixTree`` for the
 groups). Memory is bounded: a group keeps its latest ``group_responses`` answers, and the groups together stay under
@@ -124,8 +125,8 @@ class DraftTrees:
         if group is not None:
             self.groups.move_to_end(group)
             d = self.groups[group].tree.speculate_ndarray(context, max_tokens, *self.group_spec, False)
-            if d.score > best.score:
-                best = Draft(list(d.token_ids), d.score, "group")
+            ours = Draft(list(d.token_ids), d.score, "group")
+            best = _better(ours, best)
         return best if best.token_ids else NO_DRAFT
 
     def group_memory(self) -> int:
@@ -141,6 +142,14 @@ class DraftTrees:
                 continue
             total -= g.bytes
             del self.groups[key]
+
+
+def _better(a: Draft, b: Draft) -> Draft:
+    """Where one draft goes on from the other, the longer (both sources agree so far); else the better-scored."""
+    short, long = sorted((a, b), key=lambda x: len(x.token_ids))
+    if long.token_ids[:len(short.token_ids)] == short.token_ids:
+        return long if len(long.token_ids) > len(short.token_ids) else b
+    return a if a.score > b.score else b
 
 
 def _int32(tokens) -> np.ndarray:

@@ -23,6 +23,9 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   and without headroom vLLM admits into the last blocks, then preempts and recomputes. A user's
   ``rollout.engine_kwargs.vllm.watermark`` wins;
 - ``custom.slots`` is vLLM's ``max_num_seqs`` (samples decoded at once);
+- ``custom.speculative`` sets vLLM's ``speculative_config``; with ``group`` each request tells the drafter its group
+  and predicted length (``extra_args``), and the drafter's figures and law check come back through the worker
+  extension (``drafts``, ``worker_extension``); what vLLM drops with drafts on is refused by name;
 - the step's figures (engine steps, preemptions, tokens computed, peak KV blocks, the engine's own wall time) come
   from vLLM's per-step stats (``stats``) for the ``infinite_sync`` trainer to log, and the lengths of finished
   samples for the group-affinity router (``pop_finished_lengths``).
