@@ -158,6 +158,7 @@ def test_drafts_name_their_vllm_config_and_what_they_need(monkeypatch):
     from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError
 
     assert InfiniteRolloutSettings().speculative_config() is None
+    assert InfiniteRolloutSettings.from_custom({"speculative": False}).speculative == "off"  # YAML's unquoted off
     group = InfiniteRolloutSettings(speculative="group", speculative_tokens=5).speculative_config()
     module, name = group["model"].rsplit(".", 1)
     assert group["method"] == "custom_class" and group["num_speculative_tokens"] == 5

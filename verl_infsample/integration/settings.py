@@ -50,6 +50,8 @@ class InfiniteRolloutSettings:
         unknown = sorted(set(custom) - known)
         if unknown:
             raise SettingsError(f"{PREFIX}.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+        if custom.get("speculative") is False:  # YAML 1.1 reads an unquoted `off` as false
+            custom["speculative"] = "off"
         s = cls(**custom)
         s._check(prompt_length, response_length)
         return s
