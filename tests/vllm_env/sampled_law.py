@@ -18,10 +18,7 @@ import json
 from pathlib import Path
 
 SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
-DRAFTS = {"none": None,
-          "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-          "group": {"method": "custom_class", "model": "verl_infsample.spec.GroupDrafter",
-                    "num_speculative_tokens": 4}}
+DRAFTS = ("none", "ngram", "group")  # vLLM's speculative_config as custom.speculative sets it, 4 draft tokens
 RECOMPUTED = 8  # samples whose log-probs transformers recomputes
 PROMPTS = 3
 MAX_TOKENS = 48
@@ -41,7 +38,10 @@ def main() -> None:
 
     from infsample_lab.models.tiny import model_prompts
 
-    spec = DRAFTS[args.drafts]
+    from verl_infsample.integration.settings import InfiniteRolloutSettings
+
+    spec = InfiniteRolloutSettings(speculative="off" if args.drafts == "none" else args.drafts,
+                                   speculative_tokens=4).speculative_config()
     llm = LLM(model=args.model, dtype="float32", gpu_memory_utilization=0.1, max_model_len=512, enforce_eager=True,
               seed=args.seed, max_num_seqs=64, speculative_config=spec, disable_log_stats=False)
     tok = AutoTokenizer.from_pretrained(args.model)

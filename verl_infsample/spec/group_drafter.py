@@ -195,16 +195,17 @@ class GroupDrafter:
                 budget -= n
         if not chosen:
             return None
-        index = torch.tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen]))
-        sizes = torch.tensor([metadata.num_draft_tokens[i] for i in chosen])
-        rows_t = torch.tensor(chosen)
+        device = logits.device  # computed where the logits are: only the probabilities come back
+        index = torch.tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen]), device=device)
+        sizes = torch.tensor([metadata.num_draft_tokens[i] for i in chosen], device=device)
+        rows_t = torch.tensor(chosen, device=device)
 
         def per_token(values):
-            return None if values is None else values.cpu()[rows_t].repeat_interleave(sizes)
+            return None if values is None else values.to(device)[rows_t].repeat_interleave(sizes)
 
-        target = logits[metadata.target_logits_indices.cpu()[index].to(logits.device)].cpu()
+        target = logits[metadata.target_logits_indices.to(device)[index]]
         p = target_probabilities(target, per_token(m.temperature), per_token(m.top_k), per_token(m.top_p),
-                                 metadata.draft_token_ids.cpu()[index].long())
+                                 metadata.draft_token_ids.to(device)[index].long()).cpu()
         out: list = [None] * rows
         at = 0
         for i in chosen:

@@ -19,7 +19,10 @@ import numpy as np
 MAX_TREE_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default: drafts match at most this many recent tokens
 MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob default
 GLOBAL_RESPONSES = 10_000  # vLLM's suffix_decoding_max_cached_requests default
-GROUP_BYTES = 1 << 30  # all group trees together (estimated by the trees themselves)
+GROUP_BYTES = 1 << 30  # all group trees together, at TREE_BYTES_PER_TOKEN
+# what a depth-24 tree takes per token at most (its own estimate_memory on random text; repetitive text takes a
+# tenth): counted here, not asked of the trees, whose estimate walks every node
+TREE_BYTES_PER_TOKEN = 256
 GROUP_RESPONSES = 64  # a group's answers kept (its latest)
 GROUP_SPEC_FACTOR = 2.0  # a group's tree drafts up to 2x its match length (vLLM's suffix: 1x): its siblings' text
 # continues the sample's more often than the run's text does (docs/results.md: eval-drafter, tuning prompts named)
@@ -51,7 +54,8 @@ class _Group:
     running: set = field(default_factory=set)
     finished: deque = field(default_factory=deque)  # sequence ids, oldest first
     next_seq: int = 0
-    bytes: int = 0
+    tokens: dict = field(default_factory=dict)  # sequence id -> its tokens in the tree
+    total: int = 0  # their sum
 
 
 class DraftTrees:
@@ -70,6 +74,7 @@ class DraftTrees:
         self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses)
         self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
         self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
+        self._tokens = 0  # in all group trees
 
     @property
     def active(self):
@@ -99,7 +104,11 @@ class DraftTrees:
         self.run.add_active_response(req_id, tokens)
         group, seq = self._member[req_id]
         if group is not None:
-            self.groups[group].tree.extend_ndarray(seq, tokens)
+            g = self.groups[group]
+            g.tree.extend_ndarray(seq, tokens)
+            g.tokens[seq] = g.tokens.get(seq, 0) + len(tokens)
+            g.total += len(tokens)
+            self._tokens += len(tokens)
 
     def stop(self, req_id: Hashable) -> None:
         """The request left the batch (finished, aborted or preempted): its response stays a draft source."""
@@ -111,8 +120,11 @@ class DraftTrees:
         g.running.discard(seq)
         g.finished.append(seq)
         while len(g.finished) > self.group_responses:
-            g.tree.remove(g.finished.popleft())
-        g.bytes = g.tree.estimate_memory()
+            oldest = g.finished.popleft()
+            g.tree.remove(oldest)
+            dropped = g.tokens.pop(oldest, 0)
+            g.total -= dropped
+            self._tokens -= dropped
         self._evict()
 
     def propose(self, req_id: Hashable, context: np.ndarray | Sequence[int], max_tokens: int) -> Draft:
@@ -130,18 +142,20 @@ class DraftTrees:
         return best if best.token_ids else NO_DRAFT
 
     def group_memory(self) -> int:
-        return sum(g.bytes for g in self.groups.values())
+        """The group trees' bytes, at ``TREE_BYTES_PER_TOKEN``."""
+        return TREE_BYTES_PER_TOKEN * self._tokens
 
     def _evict(self) -> None:
-        total = self.group_memory()
+        if self.group_memory() <= self.group_bytes:
+            return
         for key in list(self.groups):  # least recently used first
-            if total <= self.group_bytes:
-                return
             g = self.groups[key]
             if g.running:
                 continue
-            total -= g.bytes
+            self._tokens -= g.total
             del self.groups[key]
+            if self.group_memory() <= self.group_bytes:
+                return
 
 
 def _better(a: Draft, b: Draft) -> Draft:
