@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infsample_lab.bench.drafters import OfflineBatch, evaluate, load_groups, make_tokenizer
+from infsample_lab.bench.drafters import OfflineBatch, evaluate
+from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
 from verl_infsample.spec.budget import DraftBudget, RowAcceptance
 from verl_infsample.spec.group_drafter import GROUP_ARG, GroupDrafter
 from verl_infsample.spec.law_guard import LawTally, target_probabilities
@@ -53,19 +54,46 @@ def test_group_trees_stay_within_their_memory_and_keep_running_groups():
     assert len(small.groups["g"].finished) == 2 and small.groups["g"].tree.num_seqs() == 2
 
 
-def test_the_budget_drafts_long_in_a_thin_tail_and_stops_where_drafts_cost_and_fail():
-    budget = DraftBudget(max_tokens=8, step_tokens=512, min_acceptance=0.1, retry_every=3)
-    assert budget.tokens(RowAcceptance(rate=0.01), rows=16) == 8  # free room: the trees' draft goes in whole
-    assert budget.tokens(RowAcceptance(rate=0.9), rows=16, predicted_remaining=3) == 3
-    good, bad = RowAcceptance(rate=0.9), RowAcceptance(rate=0.01)
-    assert budget.tokens(good, rows=1024) == 8  # compute-bound: only tokens likely reached (0.9^8 > 0.05)
-    assert budget.tokens(RowAcceptance(rate=0.5), rows=1024) == 4  # 0.5^4 > 0.05 > 0.5^5
-    assert [budget.tokens(bad, rows=1024) for _ in range(5)] == [0, 0, 0, 1, 0]  # retries every 3 steps
+def _rows(*rates):
+    return [RowAcceptance(accepted=r, tested=1.0) for r in rates]
+
+
+def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_drafts_cost():
+    budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=3)
+    assert budget.plan(_rows(*[0.01] * 16)) == [8] * 16  # free room: the trees' draft goes in whole
+    assert budget.plan(_rows(0.9, 0.9), caps=[3, 20]) == [3, 8]  # no further than its predicted end
+    full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100))  # compute-bound: the likely tokens of the likely rows
+    assert min(full[:100]) >= 3 and max(full[100:]) == 0
+    assert sum(budget.plan(_rows(*[0.9] * 400))) == 512 - 400  # a full batch: what rides along free, no more
+    lost = _rows(*[0.9] * 300, 0.0)
+    assert [budget.plan(lost)[-1] for _ in range(5)] == [0, 0, 1, 0, 0]  # a row never accepted retries every 3 steps
     row = RowAcceptance()
     row.verified(4, 0)
     assert row.rate < 0.5
     row.verified(0, 0)  # nothing verified: nothing learned
-    assert row.rate == pytest.approx(0.35)
+    assert row.rate == pytest.approx(0.35 / 1.0)
+    learned = RowAcceptance()
+    rng = np.random.default_rng(0)
+    for _ in range(400):  # geometric verdicts at a = 0.6, 6 tokens drafted: the per-token acceptance comes out
+        accepted = int(np.argmin(np.append(rng.random(6) < 0.6, False)))
+        learned.verified(6, accepted)
+    assert abs(learned.rate - 0.6) < 0.15
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 3), st.integers(2, 12))
+def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth, step_tokens):
+    """Expected tokens per step time, step time max(1, verified / step_tokens): no draft lengths do better."""
+    import itertools
+
+    budget = DraftBudget(max_tokens=depth, step_tokens=step_tokens, retry_every=10**9)
+
+    def value(ks):
+        tokens = sum(1 + sum(a ** j for j in range(1, k + 1)) for a, k in zip(rates, ks))
+        return tokens / max(1.0, sum(1 + k for k in ks) / step_tokens)
+
+    best = max(value(ks) for ks in itertools.product(range(depth + 1), repeat=len(rates)))
+    assert value(budget.plan(_rows(*rates))) == pytest.approx(best, rel=1e-9)
 
 
 def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_where_it_does_not():
@@ -171,7 +199,6 @@ def test_eval_drafter_names_what_is_wrong_with_its_input(tmp_path):
        st.integers(0, 3), st.integers(1, 3), st.integers(1, 6))
 def test_any_text_is_decoded_whole_by_every_drafter(groups, history, wave, max_draft):
     """Odd input (empty responses, one-token answers, repeats): each drafter decodes every measured token once."""
-    from infsample_lab.bench.drafters import PromptGroup
 
     parts = [PromptGroup(f"p{i}", [i], [r for r in g if r]) for i, g in enumerate(groups)]
     parts = [g for g in parts if g.responses]

@@ -308,6 +308,10 @@ def test_a_trace_from_verls_rollout_dumps(tmp_path, tiny_checkpoint_dir):
     assert first.prompt_tokens == tuple(tok(prompts[0], add_special_tokens=False)["input_ids"])
     assert first.prompt_len == len(first.prompt_tokens)
     assert [list(first.opening(i)) for i in range(2)] == [r[:16] for r in responses]  # what a probe reads
+    kept = tmp_path / "kept.jsonl"
+    assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_checkpoint_dir, "--keep-tokens",
+                "--out", str(kept)]) == 0
+    assert [list(t) for t in read_trace(kept)[0].tokens] == responses  # the whole responses: drafts check them
     (tmp_path / "dump" / "3.jsonl").write_text('{"input": 1}\n')
     assert cli(["trace", "from-verl", str(tmp_path / "dump"), "--tokenizer", tiny_checkpoint_dir, "--out", str(out)]) == 2
     assert cli(["trace", "from-verl", str(tmp_path / "none"), "--tokenizer", tiny_checkpoint_dir, "--out", str(out)]) == 2

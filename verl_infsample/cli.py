@@ -3,7 +3,8 @@
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
     infsample trace synth --rl --prompts 512 --group-size 16 --max-len 16384 --steps 2 --seed 0 --out rl.jsonl
-    infsample trace from-verl DUMP_DIR --tokenizer MODEL_DIR --out run.jsonl
+    infsample trace from-verl DUMP_DIR --tokenizer MODEL_DIR [--keep-tokens] --out run.jsonl
+    infsample trace from-text --groups G.jsonl --tokenizer words|MODEL_DIR [--history H] --out T.jsonl
 
 The lab (``lab/``, installed by ``make setup``) adds its commands here: ``replay``, ``bench-verl``,
 ``bench-engine``, ``eval-predictor``, ``make-tiny-model``.
@@ -57,8 +58,19 @@ def _parser() -> argparse.ArgumentParser:
     from_verl = trace.add_parser("from-verl", help="a trace from verl's rollout dumps (trainer.rollout_data_dir)")
     from_verl.add_argument("dump_dir", help="the folder verl wrote {step}.jsonl files into")
     from_verl.add_argument("--tokenizer", required=True, help="the run's model or tokenizer folder (lengths in tokens)")
+    from_verl.add_argument("--keep-tokens", action="store_true",
+                           help="keep every sample's whole response (the replay verifies drafts against it)")
     from_verl.add_argument("--out", required=True)
     from_verl.set_defaults(func=_cmd_from_verl)
+
+    from_text = trace.add_parser("from-text", help="a trace from multi-sample text (JSON Lines: prompt_id, prompt, "
+                                                   "responses), its tokens kept")
+    from_text.add_argument("--groups", required=True, help='one prompt a line: {"prompt_id", "prompt", "responses"}')
+    from_text.add_argument("--tokenizer", default="words", help="words (whitespace words) or a model folder")
+    from_text.add_argument("--history", type=int, default=0,
+                           help="the first H responses of each prompt are an earlier step's (step 0), the rest step 1")
+    from_text.add_argument("--out", required=True)
+    from_text.set_defaults(func=_cmd_from_text)
 
     sim = sub.add_parser("simulate", help="replay a trace through the scheduler policies, counting decode steps")
     sim.add_argument("--trace", required=True)
@@ -108,10 +120,21 @@ def _cmd_synth(args) -> int:
 def _cmd_from_verl(args) -> int:
     from .integration.rollout_dumps import trace_from_verl
 
-    prompts = trace_from_verl(args.dump_dir, args.tokenizer)
+    prompts = trace_from_verl(args.dump_dir, args.tokenizer, keep_tokens=args.keep_tokens)
     write_trace(prompts, args.out)
     print(f"wrote {args.out}: {len({p.step for p in prompts})} steps, {len(prompts)} groups, "
           f"{sum(p.group_size for p in prompts)} samples", file=sys.stderr)
+    return 0
+
+
+def _cmd_from_text(args) -> int:
+    from .core.text_groups import load_groups, make_tokenizer, trace_from_groups
+
+    prompts = trace_from_groups(load_groups(args.groups, make_tokenizer(args.tokenizer)), args.history)
+    write_trace(prompts, args.out)
+    print(f"wrote {args.out}: {len({p.step for p in prompts})} steps, {len(prompts)} groups, "
+          f"{sum(p.group_size for p in prompts)} samples, {sum(sum(p.lengths) for p in prompts)} tokens",
+          file=sys.stderr)
     return 0
 
 

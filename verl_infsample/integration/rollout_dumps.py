@@ -8,7 +8,8 @@ verl decoded it, so a prompt counts without its chat template's special tokens a
 token (both a few tokens short of what vLLM held). Samples of one prompt in one step form a group; a prompt keeps
 its id across steps (its text), so history carries over as in training. The trace keeps each prompt's token ids
 and each sample's opening (its first ``OPENING_TOKENS`` ids), so the replay's ``infinite`` can run the product's
-``learned`` predictor on them as the server does after a probe.
+``learned`` predictor on them as the server does after a probe; with ``keep_tokens`` each sample's whole response,
+against which the replay verifies drafts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from ..core.trace import OPENING_TOKENS, TraceError, TracePrompt, json_lines
 
 
-def trace_from_verl(dump_dir: str | Path, tokenizer_path: str) -> list[TracePrompt]:
+def trace_from_verl(dump_dir: str | Path, tokenizer_path: str, keep_tokens: bool = False) -> list[TracePrompt]:
     dump_dir = Path(dump_dir)
     files = sorted(dump_dir.glob("*.jsonl"), key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit()
                                                             else 0, p.stem))
@@ -49,5 +50,7 @@ def trace_from_verl(dump_dir: str | Path, tokenizer_path: str) -> list[TraceProm
     steps = sorted({s for s, _ in groups})
     index = {s: i for i, s in enumerate(steps)}  # verl's steps start at 1; a trace's at 0
     return [TracePrompt(pid, len(prompts[pid]), tuple(len(r) for r in responses), prompt_tokens=prompts[pid],
-                        openings=tuple(r[:OPENING_TOKENS] for r in responses), step=index[step])
+                        tokens=tuple(responses) if keep_tokens else None,
+                        openings=None if keep_tokens else tuple(r[:OPENING_TOKENS] for r in responses),
+                        step=index[step])
             for (step, pid), responses in groups.items()]

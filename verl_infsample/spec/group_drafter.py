@@ -89,11 +89,9 @@ class GroupDrafter:
         ``num_prompt_tokens``, ``num_tokens_no_spec`` and ``token_ids_cpu``)."""
         start = time.perf_counter()
         requests = requests or {}
-        decoding = sum(1 for s in sampled_token_ids if s)
-        drafts: list[list[int]] = []
+        decoding, caps = [], []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a partial prefill
-                drafts.append([])
                 continue
             req_id = batch.req_ids[i]
             n = int(batch.num_tokens_no_spec[i])
@@ -107,17 +105,22 @@ class GroupDrafter:
             else:
                 self.trees.extend(req_id, sampled)
             predicted = hints.get(PREDICTED_ARG)
-            remaining = None if predicted is None else int(predicted) - (n - int(batch.num_prompt_tokens[i]))
-            k = min(self.budget.tokens(self.rows[req_id], rows=decoding, predicted_remaining=remaining),
-                    self.max_model_len - n - 1)
-            self.stats.rows += 1
+            cap = self.max_model_len - n - 1
+            if predicted is not None:
+                cap = min(cap, max(1, int(predicted) - (n - int(batch.num_prompt_tokens[i]))))
+            decoding.append(i)
+            caps.append(cap)
+        lengths = self.budget.plan([self.rows[batch.req_ids[i]] for i in decoding], caps)
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        self.stats.rows += len(decoding)
+        for i, k in zip(decoding, lengths):
             if k <= 0:
-                drafts.append([])
                 continue
             self.stats.proposing_rows += 1
-            draft = self.trees.propose(req_id, batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
+            n = int(batch.num_tokens_no_spec[i])
+            draft = self.trees.propose(batch.req_ids[i], batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
             self.stats.from_group += draft.source == "group"
-            drafts.append(draft.token_ids)
+            drafts[i] = draft.token_ids
         seen = set(batch.req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.trees.active if r not in seen]:
             self.trees.stop(req_id)

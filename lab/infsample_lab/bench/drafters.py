@@ -17,19 +17,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
+
 DRAFTERS = ("ngram", "suffix", "group")
-
-
-@dataclass
-class PromptGroup:
-    prompt_id: str
-    prompt: list[int]
-    responses: list[list[int]]
 
 
 @dataclass
@@ -43,49 +37,6 @@ class DrafterResult:
     history: int
     wave: int
     max_draft: int
-
-
-class WordTokenizer:
-    """Whitespace-separated words as tokens, numbered as first seen (deterministic for a given file)."""
-
-    def __init__(self):
-        self.ids: dict[str, int] = {}
-
-    def __call__(self, text: str) -> list[int]:
-        return [self.ids.setdefault(w, len(self.ids)) for w in text.split()]
-
-
-def make_tokenizer(spec: str):
-    if spec == "words":
-        return WordTokenizer()
-    if not Path(spec).is_dir():
-        raise ValueError(f"--tokenizer {spec!r}: neither 'words' nor a model folder with a tokenizer")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(spec)
-    return lambda text: tok.encode(text, add_special_tokens=False)
-
-
-def load_groups(path: str | Path, tokenize) -> list[PromptGroup]:
-    groups = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-        missing = [k for k in ("prompt_id", "prompt", "responses") if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{n}: missing key {missing[0]!r}; each line needs prompt_id, prompt, responses")
-        if not isinstance(row["responses"], list) or not all(isinstance(r, str) for r in row["responses"]):
-            raise ValueError(f"{path}:{n}: responses must be a list of strings")
-        responses = [t for t in (tokenize(r) for r in row["responses"]) if t]
-        if responses:
-            groups.append(PromptGroup(str(row["prompt_id"]), tokenize(str(row["prompt"])), responses))
-    if not groups:
-        raise ValueError(f"{path}: no prompt with a non-empty response")
-    return groups
 
 
 class OfflineBatch:
@@ -146,6 +97,7 @@ class Proposer:
     def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, step_tokens: int = 0):
         config = vllm_config(method, k, max_model_len, max_num_seqs)
         self.method, self.k = method, k
+        self._proposed = 0
         if method == "ngram":
             from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
@@ -164,12 +116,21 @@ class Proposer:
         else:
             raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS)}")
 
-    def propose(self, batch: OfflineBatch, sampled: list[list[int]]) -> list[list[int]]:
+    def propose(self, batch: OfflineBatch, sampled: list[list[int]], requests=None) -> list[list[int]]:
+        """``requests``: vLLM's requests by id, whose ``extra_args`` the group drafter reads (the server's hints)."""
         if self.method == "ngram":
+            self._proposed += sum(1 for s in sampled if s)
             return self.impl.propose(self.k, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
         if self.method == "suffix":
+            self._proposed += sum(1 for s in sampled if s)
             return self.impl.propose(self.k, batch, sampled)
-        return self.impl.propose_batch(batch, sampled)
+        return self.impl.propose_batch(batch, sampled, requests)
+
+    @property
+    def proposing_rows(self) -> int:
+        """Rows proposed for so far: vLLM's own proposers every decoding row, the group drafter those its budget
+        let propose."""
+        return self.impl.stats.proposing_rows if self.method == "group" else self._proposed
 
     def verified(self, req_ids, drafts, outputs) -> None:
         if self.method == "group":

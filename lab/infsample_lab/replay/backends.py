@@ -53,6 +53,7 @@ class StepSample:
     uid: int  # its place among all samples of the trace step (seeds the noisy predictor per sample)
     length: int  # its true length (the trace's, capped at the response length)
     opening: tuple[int, ...] = ()  # its first generated ids, where the trace has them (what a probe reads)
+    tokens: tuple[int, ...] | None = None  # every id it generated, where the trace has them (drafts check them)
 
 
 def step_samples(prompts: list[TracePrompt], step: int, max_response_length: int, vocab: int) -> list[StepSample]:
@@ -63,8 +64,9 @@ def step_samples(prompts: list[TracePrompt], step: int, max_response_length: int
         if tokens is None or not all(t < vocab for t in tokens):  # a stand-in, shared by the group's samples
             tokens = prompt_token_ids(p.prompt_id, p.prompt_len, vocab)
         for j, n in enumerate(p.lengths):
-            out.append(StepSample(f"s{step}-{p.prompt_id}-{j}", p.prompt_id, tokens, pos, len(out),
-                                  min(n, max_response_length), p.opening(j)))
+            n = min(n, max_response_length)
+            out.append(StepSample(f"s{step}-{p.prompt_id}-{j}", p.prompt_id, tokens, pos, len(out), n, p.opening(j),
+                                  p.tokens[j][:n] if p.tokens is not None else None))
     return out
 
 
@@ -83,6 +85,7 @@ class VerlVLLMBackend:
 
     name = "vllm"
     engine = "vllm"
+    names_groups = False  # its server tells the drafter nothing: siblings are the rows that share a prompt
     scheduling_policy = "fcfs"
     watermark = 0.0  # vLLM's default: nothing kept free at admission
 
@@ -102,7 +105,8 @@ class VerlVLLMBackend:
         out: list[list[ReplayRequest]] = [[] for _ in range(self.replicas)]
         for s in arrivals:  # every request is in flight at once: none is released while the step is sent
             _, replica = balancer.acquire_server(s.request_id)
-            out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=s.batch_position))
+            out[replica].append(ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=s.batch_position,
+                                              tokens=s.tokens))
         return out
 
     def held_rests(self, replica: int) -> None:
@@ -117,6 +121,7 @@ class InfiniteBackend:
     step of a trace, as the servers and the router live through training."""
 
     engine = "vllm"
+    names_groups = True  # its server names each request's group to the drafter
     scheduling_policy = "priority"
     holds_rests = True  # a probe's rest waits in the replica's order (``held_rests``)
 
@@ -206,15 +211,18 @@ class InfiniteBackend:
                                true_len=s.length if self.knows_truth else None, max_tokens=self.max_response_length)
         self._requests[s.request_id] = request
         k = order.probe_tokens
+        group = s.prompt_id  # the server names each request's group to the drafter
         if not request.probe or s.length <= k:  # whole, or ended within its probe
             return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority,
-                                 predicted_len=request.sample.predicted_len)
+                                 predicted_len=request.sample.predicted_len, tokens=s.tokens, group=group)
         probe_priority = request.priority
         opening = s.opening[:k] if len(s.opening) >= k else (0,) * k  # a trace's prediction needs no tokens
         rest_priority = order.after_probe(request, TokenWindow(opening))
+        head, tail = (s.tokens[:k], s.tokens[k:]) if s.tokens is not None else (None, None)
         return ReplayRequest(f"{s.request_id}{PROBE_SUFFIX}", s.prompt_tokens, k, priority=probe_priority,
+                             predicted_len=request.sample.predicted_len, tokens=head, group=group,
                              rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
-                                                predicted_len=request.sample.predicted_len))
+                                                predicted_len=request.sample.predicted_len, tokens=tail, group=group))
 
     async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
         """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst

@@ -7,11 +7,13 @@ import sys
 
 from verl_infsample.report import format_table
 from .backends import BACKENDS
+from .drafts import SPECS
 from .hardware import GPUS, MODELS, Calibration
 
-TABLE_COLUMNS = ["backend", "predictor", "step", "samples", "engine_steps", "lower_bound_steps", "steps_vs_vllm",
-                 "model_s", "time_vs_vllm", "preemptions", "recomputed_tokens", "prefix_hit_tokens",
-                 "probes", "probe_prefill_tokens", "peak_kv_blocks", "mean_running", "past_found", "past_stray"]
+TABLE_COLUMNS = ["backend", "spec", "predictor", "step", "samples", "engine_steps", "lower_bound_steps",
+                 "steps_vs_vllm", "model_s", "time_vs_vllm", "tokens_per_step", "drafted_per_step", "propose_s",
+                 "preemptions", "recomputed_tokens", "prefix_hit_tokens", "probes", "probe_prefill_tokens",
+                 "peak_kv_blocks", "mean_running", "past_found", "past_stray"]
 
 
 def add_replay_parser(sub) -> None:
@@ -31,7 +33,8 @@ def add_replay_parser(sub) -> None:
                    help="rollout.response_length: longer samples are cut there (default: the trace's longest)")
     p.add_argument("--agent-workers", type=int, default=8, help="verl's rollout.agent.num_workers")
     p.add_argument("--backend", action="append",
-                   help=f"backends to replay (repeat or comma-separate; default: all of {', '.join(BACKENDS)})")
+                   help=f"backends to replay (repeat or comma-separate; default: all of {', '.join(BACKENDS)}, "
+                        "transformers aside where --spec drafts)")
     p.add_argument("--predictor", default="history",
                    help="infinite's predictor: history (the product's default) | none | noisy:SIGMA | oracle | "
                         "learned[:k=K] (probes each sample and reads its opening, as the server does; needs a trace "
@@ -43,6 +46,14 @@ def add_replay_parser(sub) -> None:
     p.add_argument("--router", default="verl", choices=["group_affinity", "verl"],
                    help="infinite's router: verl's own (requests spread by requests in flight; what "
                         "rollout.name=infinite uses on vLLM) or ours (groups whole, by predicted work)")
+    p.add_argument("--spec", action="append",
+                   help=f"drafts, each backend run with each (repeat or comma-separate; {'|'.join(SPECS)}; default "
+                        "off): the product's drafters, verified against the trace's tokens")
+    p.add_argument("--spec-tokens", type=int, default=8, help="draft tokens per row at most (custom.speculative_tokens)")
+    p.add_argument("--spec-accept", type=float,
+                   help="synthetic drafts (a trace without tokens): each draft token accepted with this probability "
+                        "until the first rejection; ngram and suffix draft --spec-tokens on every row, group as its "
+                        "budget says")
     p.add_argument("--calibration", help="JSON file of the cost model's efficiencies and overheads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="processes replaying replicas side by side")
@@ -56,7 +67,9 @@ def cmd_replay(args) -> int:
     from verl_infsample.core.trace import read_trace
     from .runner import ReplayConfig, replay
 
-    backends = tuple(n.strip() for item in (args.backend or [",".join(BACKENDS)]) for n in item.split(",")
+    specs = tuple(n.strip() for item in (args.spec or ["off"]) for n in item.split(",") if n.strip())
+    default = [b for b in BACKENDS if b != "transformers" or specs == ("off",)]  # the transformers engine: no drafts
+    backends = tuple(n.strip() for item in (args.backend or [",".join(default)]) for n in item.split(",")
                      if n.strip())
     if args.predictor.partition(":")[0] not in ("history", "none", "noisy", "oracle", "learned"):
         raise ValueError(f"--predictor {args.predictor!r}: the replay's infinite takes history, none, noisy:SIGMA, "
@@ -69,11 +82,13 @@ def cmd_replay(args) -> int:
         agent_workers=args.agent_workers, backends=backends, predictor=args.predictor, router=args.router,
         probe_tokens=args.probe_tokens, seed=args.seed,
         calibration=Calibration.from_file(args.calibration) if args.calibration else Calibration(),
-        workers=args.workers, keep_timeline=bool(args.plot))
+        workers=args.workers, keep_timeline=bool(args.plot),
+        specs=specs,
+        spec_tokens=args.spec_tokens, spec_accept=args.spec_accept)
     config.check()
     trace = read_trace(args.trace)
     steps = len({p.step for p in trace})
-    bar = progress(range(steps * len(backends) * args.replicas), "replay (replicas)")
+    bar = progress(range(steps * len(backends) * len(config.specs) * args.replicas), "replay (replicas)")
     rows, timelines = replay(trace, config, progress=bar.update)
     bar.close()
     dicts = [r.as_dict() for r in rows]
@@ -85,7 +100,9 @@ def cmd_replay(args) -> int:
         print(f"# {config.model} on {config.gpu} x{config.tp}, {config.replicas} replica(s), {config.pool_blocks()} "
               f"KV blocks of {config.block_size} each, max_num_seqs {config.max_num_seqs}: engine steps, "
               "tokens, blocks and preemptions from vLLM's own scheduler (exact); model_s from the step-cost model "
-              f"(modeled: {json.dumps(config.calibration.as_dict())})")
+              f"(modeled: {json.dumps(config.calibration.as_dict())})"
+              + (f"; drafts synthetic: each token accepted with probability {config.spec_accept}"
+                 if config.spec_accept is not None else ""))
         print(format_table(dicts, TABLE_COLUMNS))
     if args.plot:
         from ..bench.plots import plot_running_per_replica
@@ -97,8 +114,9 @@ def cmd_replay(args) -> int:
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    """Each row's engine steps and modeled seconds over verl's ``vllm`` on the same step (when it ran)."""
-    base = {r["step"]: r for r in rows if r["backend"] == "vllm"}
+    """Each row's engine steps and modeled seconds over verl's ``vllm`` with drafts off on the same step (when it
+    ran)."""
+    base = {r["step"]: r for r in rows if r["backend"] == "vllm" and r["spec"] == "off"}
     for r in rows:
         b = base.get(r["step"])
         r["steps_vs_vllm"] = round(r["engine_steps"] / b["engine_steps"], 4) if b and b["engine_steps"] else None

@@ -7,6 +7,10 @@ its bytes over the HBM bandwidth, each derated by an efficiency, plus a fixed pe
 sampling, kernel launches). The efficiencies and the overhead are a :class:`Calibration`: modeled defaults, printed
 with every result, replaceable from a JSON file (``--calibration``) once a GPU run has measured them. Seconds from
 this model are always labelled modeled; steps, tokens and preemptions come from vLLM's own scheduler.
+
+The engine's host time (scheduling, bookkeeping, and with drafts the proposer) is charged as vLLM 0.32 runs it:
+with drafts off, async scheduling overlaps it with the GPU step (a step lasts the longer of the two); with
+``ngram``, ``suffix`` or a ``custom_class`` drafter vLLM turns async scheduling off, so it adds to the step.
 """
 
 from __future__ import annotations
@@ -104,6 +108,14 @@ class Calibration:
     step_overhead_s: float = 0.003  # per step: scheduling, sampling, launches, TP all-reduces
     activation_bytes_per_batched_token: float = 0.0  # 0: estimated from the model shape (see ``kv_pool_blocks``)
     reserved_bytes: float = 2 * GIB  # CUDA context, graphs and allocator slack vLLM does not give to KV
+    # the engine's host time per step, a fixed part and a part per scheduled row (vLLM's scheduler calls), and each
+    # drafter's time per row it is called for (vLLM calls it for every decoding row, every step): `infsample replay-host` on a 2-core CPU (game of 24 text, 256 rows); a GPU
+    # host's own figures replace them
+    host_step_s: float = 6.8e-6
+    host_row_s: float = 1.45e-5
+    propose_ngram_row_s: float = 3.8e-6
+    propose_suffix_row_s: float = 4.0e-5
+    propose_group_row_s: float = 5.4e-5
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Calibration":
@@ -152,9 +164,25 @@ class StepCostModel:
                     bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
                 + c.step_overhead_s)
 
+    def host_seconds(self, rows: int) -> float:
+        """The engine's host time for a step of ``rows`` scheduled rows, drafting aside."""
+        return self.calibration.host_step_s + self.calibration.host_row_s * rows
+
+    def propose_seconds(self, drafter: str, rows: int) -> float:
+        """``drafter``'s time (``ngram``, ``suffix`` or ``group``) called for ``rows`` decoding rows."""
+        return getattr(self.calibration, f"propose_{drafter}_row_s") * rows
+
+    def step_seconds(self, gpu_s: float, rows: int, drafter: str | None = None, proposing_rows: int = 0) -> float:
+        """A whole engine step: its GPU time ``gpu_s`` (:meth:`seconds`) and its host time, overlapped (drafts off:
+        async scheduling) or added to it with the proposer's (``drafter``: vLLM schedules synchronously)."""
+        host = self.host_seconds(rows)
+        if drafter is None:
+            return max(gpu_s, host)
+        return gpu_s + host + self.propose_seconds(drafter, proposing_rows)
+
     def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None) -> float:
-        """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``:
-        the sum of :meth:`seconds` over them, in closed form per step. ``kv_tokens_read``: the KV tokens the first
+        """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``,
+        drafts off: the sum of :meth:`step_seconds` over them, in closed form per step. ``kv_tokens_read``: the KV tokens the first
         of them reads, where rows share some (an engine that reads a group's prompt once for all its samples);
         default: every row its own context."""
         if steps <= 0:
@@ -171,7 +199,7 @@ class StepCostModel:
             + rows * m.kv_bytes_per_token
         per_step = np.maximum(flops / (self.gpu.bf16_flops * c.flop_efficiency),
                               bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
-        return float(np.sum(per_step)) + steps * c.step_overhead_s
+        return float(np.sum(np.maximum(per_step + c.step_overhead_s, self.host_seconds(rows))))
 
     def kv_pool_blocks(self, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
                        max_num_seqs: int) -> int:

@@ -13,10 +13,12 @@ import math
 import multiprocessing
 import multiprocessing.pool
 import os
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from verl_infsample.core.trace import OPENING_TOKENS, TracePrompt, rollout_steps
 from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_backend, step_samples
+from .drafts import PAST_LIMIT, SPECS, DraftSetup, PastResponse
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
 from .held_rests import replay_held
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
@@ -45,6 +47,12 @@ class ReplayConfig:
     calibration: Calibration = field(default_factory=Calibration)
     workers: int = 2  # processes replaying replicas side by side
     keep_timeline: bool = False
+    specs: tuple[str, ...] = ("off",)  # drafts, each backend with each (``drafts.SPECS``)
+    spec_tokens: int = 8  # custom.speculative_tokens
+    spec_accept: float | None = None  # the synthetic drafter's acceptance (None: the trace's tokens)
+
+    def drafts(self, spec: str) -> DraftSetup:
+        return DraftSetup(spec, self.spec_tokens, self.spec_accept, self.seed)
 
     def check(self) -> None:
         def bad(key, why):
@@ -77,6 +85,13 @@ class ReplayConfig:
             bad("backend", "name at least one")
         if self.router not in ROUTERS:
             bad("router", f"unknown {self.router!r}; choose from {', '.join(ROUTERS)}")
+        if not self.specs:
+            bad("spec", f"name at least one of {', '.join(SPECS)}")
+        for spec in self.specs:
+            self.drafts(spec).check()
+        if "transformers" in self.backends and any(spec != "off" for spec in self.specs):
+            bad("spec", "the transformers engine does not draft (custom.speculative needs custom.engine=vllm): "
+                        "leave it out of --backend, or run --spec off")
 
     @property
     def cost(self) -> StepCostModel:
@@ -94,11 +109,12 @@ class StepRow:
     """One backend's rollout of one trace step (the ``--json`` object)."""
 
     backend: str
+    spec: str  # its drafts: off, ngram, suffix, group (``suffix@0.6``: the synthetic drafter at acceptance 0.6)
     predictor: str
     step: int
     samples: int
     engine_steps: int  # the slowest replica's
-    lower_bound_steps: int  # max(longest sample, generated tokens / (replicas x max_num_seqs))
+    lower_bound_steps: int  # one token a step: max(longest sample, generated tokens / (replicas x max_num_seqs))
     model_s: float  # modeled seconds of the slowest replica
     preemptions: int
     recomputed_tokens: int
@@ -112,6 +128,9 @@ class StepRow:
     order_vs_plan: float  # worst check: longest first's planned makespan over the plan's (1.0: the plan's own)
     mean_running: float  # rows per engine step, over replicas
     replica_steps: list[int]
+    tokens_per_step: float  # tokens a row sampled per step it decoded (1.0: drafts off, or none accepted)
+    drafted_per_step: float  # draft tokens verified per row and step
+    propose_s: float  # the drafter's modeled time on the slowest replica (in its model_s)
     # our router only: the share of this step's requests whose prompt was served before that went back to its
     # replica (None: none had a past), and the work placed beyond the least-loaded replica, over the work placed
     past_found: float | None = None
@@ -134,6 +153,8 @@ class ReplicaJob:
     watermark: float
     held: object
     requests: list
+    drafts: DraftSetup | None = None
+    past: tuple = ()  # what the replica's drafter holds from earlier steps (``drafts.PastResponse``, oldest first)
 
     @property
     def work(self) -> int:
@@ -149,7 +170,8 @@ def _replay_replica(job: ReplicaJob) -> tuple[int, int, ReplicaResult, object]:
                          max_model_len=_max_model_len(requests), scheduling_policy=job.scheduling_policy,
                          watermark=job.watermark)
     replay = ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
-                           keep_timeline=config.keep_timeline, rests_held=job.held is not None)
+                           keep_timeline=config.keep_timeline, rests_held=job.held is not None, drafts=job.drafts)
+    replay.recall(job.past)
     if job.held is not None:
         order, ordered = job.held
         return job.backend, job.replica, replay_held(replay, requests, order, ordered), order
@@ -216,8 +238,15 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
     _check_pool(trace, config, cap)
     _check_openings(trace, config, cap)
-    backends = [make_backend(b, config.replicas, config.predictor, cap, config.seed, config.router,
-                             config.probe_tokens, config.max_num_seqs) for b in config.backends]
+    _check_tokens(trace, config)
+    backends = []
+    for name in config.backends:
+        for spec in config.specs:
+            b = make_backend(name, config.replicas, config.predictor, cap, config.seed, config.router,
+                             config.probe_tokens, config.max_num_seqs)
+            b.drafts = config.drafts(spec)
+            b.past = [deque(maxlen=PAST_LIMIT) for _ in range(config.replicas)]
+            backends.append(b)
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
     try:
         return _replay_steps(trace, config, backends, pool, cap, progress)
@@ -241,6 +270,19 @@ def _check_openings(trace: list[TracePrompt], config: ReplayConfig, cap: int) ->
                          f"from-verl` (it keeps {OPENING_TOKENS}) and take k <= {OPENING_TOKENS}")
 
 
+def _check_tokens(trace: list[TracePrompt], config: ReplayConfig) -> None:
+    """Drafts are checked against what each sample generated: the trace must have its tokens, or the run a
+    synthetic acceptance."""
+    if config.spec_accept is not None or all(spec == "off" for spec in config.specs):
+        return
+    missing = next((p for p in trace if p.tokens is None), None)
+    if missing is not None:
+        raise ValueError(f"--spec {','.join(config.specs)}: drafts are verified against each sample's recorded "
+                         f"tokens, and prompt {missing.prompt_id!r} (step {missing.step}) has none; make the trace "
+                         "with `infsample trace from-verl --keep-tokens` or `infsample trace from-text`, or give "
+                         "--spec-accept A (synthetic: each draft token accepted with probability A)")
+
+
 def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
     """:func:`replay`'s steps, one after another, each backend's replicas in ``pool``."""
     model = MODELS[config.model]
@@ -249,7 +291,8 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         samples = step_samples(prompts, step_index, cap, model.vocab)
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
         routed = [b.route(arrivals) for b in backends]
-        jobs = [ReplicaJob(k, r, config, b.scheduling_policy, b.watermark, b.held_rests(r), reqs)
+        jobs = [ReplicaJob(k, r, config, b.scheduling_policy, b.watermark, b.held_rests(r), reqs, b.drafts,
+                           tuple(b.past[r]) if b.drafts.on else ())
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]
         on_vllm = [j for j in jobs if backends[j.backend].engine == "vllm"]
@@ -272,17 +315,27 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         for k, b in enumerate(backends):
             per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
             b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
+            for r, res in enumerate(per_replica):  # the drafter's memory on that replica
+                b.past[r].extend(PastResponse(by_id[rid].prompt_id if b.names_groups else None,
+                                              by_id[rid].prompt_tokens, by_id[rid].tokens)
+                                 for rid, _ in res.finished if by_id[rid].tokens is not None)
             rows.append(_row(b, config, prompts, samples, per_replica, step_index))
-            timelines[b.name] = [res.timeline for res in per_replica]
+            timelines[_label(b)] = [res.timeline for res in per_replica]
     return rows, timelines
+
+
+def _label(backend) -> str:
+    return backend.name if not backend.drafts.on else f"{backend.name}+{backend.drafts.label}"
 
 
 def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_replica: list[ReplicaResult],
          step_index: int) -> StepRow:
     generated = sum(s.length for s in samples)
     busy = [r for r in per_replica if r.engine_steps]
+    slowest = max(per_replica, key=lambda r: r.model_s)
+    decode_rows = max(1, sum(r.decode_rows for r in per_replica))
     return StepRow(
-        backend=backend.name, predictor=backend.predictor if backend.name != "vllm" else "-",
+        backend=backend.name, spec=backend.drafts.label, predictor=backend.predictor if backend.name != "vllm" else "-",
         step=prompts[0].step, samples=len(samples),
         engine_steps=max(r.engine_steps for r in per_replica),
         lower_bound_steps=max(max(s.length for s in samples),
@@ -299,6 +352,9 @@ def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_
         order_vs_plan=round(max(r.order_vs_plan for r in per_replica), 5),
         mean_running=round(sum(r.running_step_sum / r.engine_steps for r in busy) / max(1, len(busy)), 2),
         replica_steps=[r.engine_steps for r in per_replica],
+        tokens_per_step=round(sum(r.output_tokens for r in per_replica) / decode_rows, 4),
+        drafted_per_step=round(sum(r.drafted for r in per_replica) / decode_rows, 4),
+        propose_s=round(slowest.propose_s, 3),
         **getattr(backend, "step_past", {}))
 
 

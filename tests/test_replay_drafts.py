@@ -1,0 +1,149 @@
+"""Drafts in the replay: the product's drafters propose for vLLM's scheduler, which verifies against each sample's
+recorded tokens; the synthetic drafter's acceptance; the cost model's host and proposer time; traces from text."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from verl_infsample.cli import main as cli
+from verl_infsample.core.text_groups import PromptGroup, trace_from_groups
+from verl_infsample.core.trace import read_trace, write_trace
+from infsample_lab.replay.drafts import DraftSetup
+from infsample_lab.replay.hardware import GPUS, MODELS, Calibration, StepCostModel
+from infsample_lab.replay.vllm_replica import ReplayRequest, ReplicaReplay, ReplicaSetup, model_config_dir
+
+QWEN8 = MODELS["qwen3-8b"]
+
+
+def _groups(prompts: int = 6, group: int = 6, seed: int = 0) -> list[PromptGroup]:
+    """Siblings that share most of an answer (a template, a few words changed): what drafts feed on."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(prompts):
+        template = rng.integers(10, 400, 120)
+        responses = []
+        for _ in range(group):
+            r = template.copy()
+            changed = rng.random(len(r)) < 0.05
+            r[changed] = rng.integers(10, 400, int(changed.sum()))
+            responses.append(r[:int(rng.integers(40, 120))].tolist())
+        out.append(PromptGroup(f"p{g}", rng.integers(400, 500, 20).tolist(), responses))
+    return out
+
+
+def _run(requests, spec: DraftSetup | None, seqs: int = 8, cost=True, blocks: int = 400, batched: int = 512):
+    setup = ReplicaSetup(num_blocks=blocks, max_num_seqs=seqs, max_model_len=512, max_num_batched_tokens=batched)
+    model = StepCostModel(GPUS["h200"], QWEN8) if cost else None
+    return ReplicaReplay(model_config_dir(QWEN8), setup, model, QWEN8.vocab, drafts=spec).run(requests)
+
+
+def _requests(groups, group_hint=False) -> list[ReplayRequest]:
+    return [ReplayRequest(f"{g.prompt_id}-{j}", tuple(g.prompt), len(r), tokens=tuple(r),
+                          group=g.prompt_id if group_hint else None)
+            for g in groups for j, r in enumerate(g.responses)]
+
+
+@pytest.mark.parametrize("method", ["suffix", "group"])  # ngram reads only the sample's own text: below
+def test_drafts_verified_against_the_recorded_tokens_answer_every_sample_in_fewer_steps(method):
+    requests = _requests(_groups(), group_hint=method == "group")
+    off = _run(requests, None)
+    on = _run(requests, DraftSetup(method, tokens=4))
+    lengths = sorted((r.request_id, r.length) for r in requests)
+    assert sorted(off.finished) == sorted(on.finished) == lengths  # every sample once, at its length
+    assert on.output_tokens == off.output_tokens == sum(r.length for r in requests)
+    assert 0 < on.accepted <= on.drafted and on.output_tokens == on.decode_rows + on.accepted
+    assert on.engine_steps < off.engine_steps and on.propose_s > 0 and off.propose_s == 0
+    assert on.proposing_rows <= on.proposer_rows
+
+
+def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token():
+    """Samples with nothing to draw on (every token new) accept nothing; the same samples repeating one phrase
+    accept almost every draft token."""
+    fresh = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=tuple(range(1000 + 60 * i, 1060 + 60 * i)))
+             for i in range(4)]
+    res = _run(fresh, DraftSetup("ngram", tokens=4))
+    assert res.accepted == 0 and res.engine_steps == 60
+    phrase = (5, 6, 7, 8, 9)
+    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12) for i in range(4)]
+    res = _run(looping, DraftSetup("ngram", tokens=4))
+    assert res.output_tokens / res.decode_rows > 3 and res.engine_steps < 25
+
+
+def test_synthetic_drafts_accept_as_told():
+    requests = [ReplayRequest(f"r{i}", (1, 2, 3), 200) for i in range(8)]
+    none = _run(requests, DraftSetup("suffix", tokens=4, accept=0.0))
+    assert none.accepted == 0 and none.drafted > 0 and none.engine_steps == 200
+    every = _run(requests, DraftSetup("suffix", tokens=4, accept=1.0))
+    assert every.engine_steps == 40 + 1  # five tokens a step; the first step is the prefill's
+    half = _run(requests, DraftSetup("suffix", tokens=4, accept=0.5))
+    assert 1.8 < half.output_tokens / half.decode_rows < 2.1  # 1 + 0.5 + 0.25 + 0.125 + 0.0625 = 1.94
+    # group's budget: a full batch at low acceptance drafts what rides along free (512 tokens a step), not K a row
+    wide = [ReplayRequest(f"w{i}", (1, 2, 3), 100) for i in range(128)]
+    fixed, budget = (_run(wide, DraftSetup(m, tokens=8, accept=0.3), seqs=128, blocks=2000, batched=8192)
+                     for m in ("suffix", "group"))
+    assert fixed.preemptions == budget.preemptions == 0
+    assert fixed.drafted / fixed.decode_rows > 7 and budget.drafted / budget.decode_rows < 3.5
+    assert budget.model_s < fixed.model_s
+
+
+def test_the_host_time_overlaps_without_drafts_and_adds_with_them():
+    cost = StepCostModel(GPUS["h200"], QWEN8, calibration=Calibration(host_step_s=0.001, host_row_s=1e-4,
+                                                                       propose_suffix_row_s=2e-4))
+    gpu = 0.02
+    assert cost.step_seconds(gpu, 100) == gpu  # 0.011 s of host time hidden behind the GPU step
+    assert cost.step_seconds(gpu, 400) == pytest.approx(0.041)  # the host is the longer one
+    assert cost.step_seconds(gpu, 100, "suffix", 100) == pytest.approx(0.02 + 0.011 + 0.02)
+    contexts = np.full(300, 1000.0)  # drafts off, the host longer than the GPU: the stretch pays the host's time
+    step = cost.step_seconds(cost.seconds(np.ones(300), contexts, 300), 300)
+    assert cost.decode_run_seconds(contexts, 1) == pytest.approx(step)
+
+
+def test_traces_from_text_split_an_earlier_step_and_keep_tokens(tmp_path):
+    groups = tmp_path / "g.jsonl"
+    groups.write_text("\n".join(json.dumps({"prompt_id": f"q{i}", "prompt": f"say {i}",
+                                            "responses": [f"a b {i}", f"a c {i}", "", f"d {i}"]}) for i in range(3)))
+    out = tmp_path / "t.jsonl"
+    assert cli(["trace", "from-text", "--groups", str(groups), "--history", "1", "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert [(p.prompt_id, p.step, p.group_size) for p in trace] == [
+        *((f"q{i}", 0, 1) for i in range(3)), *((f"q{i}", 1, 2) for i in range(3))]  # the empty answer dropped
+    assert trace[3].tokens[0][:2] == trace[0].tokens[0][:1] + (trace[3].tokens[0][1],)  # "a" has one id
+    assert all(len(t) == n for p in trace for t, n in zip(p.tokens, p.lengths))
+    assert trace_from_groups(_groups(2, 3), 0)[0].step == 0
+    assert cli(["trace", "from-text", "--groups", str(tmp_path / "none.jsonl"), "--out", str(out)]) == 2
+    assert cli(["trace", "from-text", "--groups", str(groups), "--history", "-1", "--out", str(out)]) == 2
+
+
+def test_replay_with_drafts_end_to_end_and_its_errors(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace_from_groups(_groups(4, 4), history=1), trace)
+    args = ["replay", "--trace", str(trace), "--replicas", "2", "--max-num-seqs", "8", "--num-blocks", "200",
+            "--max-num-batched-tokens", "512", "--backend", "vllm,infinite", "--router", "group_affinity", "--json"]
+    assert cli([*args, "--spec", "off,suffix", "--spec", "group", "--spec-tokens", "4"]) == 0
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [(r["backend"], r["spec"], r["step"]) for r in rows] == [
+        (b, s, step) for step in (0, 1) for b in ("vllm", "infinite") for s in ("off", "suffix", "group")]
+    for r in rows:
+        assert r["samples"] == (4 if r["step"] == 0 else 12)
+        if r["spec"] == "off":
+            assert r["tokens_per_step"] == 1.0 and r["drafted_per_step"] == 0 and r["propose_s"] == 0
+        else:
+            assert r["propose_s"] > 0 and r["time_vs_vllm"] is not None
+            assert r["tokens_per_step"] > 1.0 or r["step"] == 0  # step 0: one answer a prompt, nothing to draw on
+    synth = tmp_path / "s.jsonl"
+    assert cli(["trace", "synth", "--prompts", "2", "--group-size", "4", "--max-len", "64", "--out", str(synth)]) == 0
+    capsys.readouterr()
+    for flags, match in [(["--spec", "suffix"], "--spec-accept"), (["--spec", "eagle"], "--spec 'eagle'"),
+                         (["--spec", "suffix", "--spec-accept", "2"], "--spec-accept"),
+                         (["--spec", "suffix", "--spec-tokens", "0", "--spec-accept", "0.5"], "--spec-tokens"),
+                         (["--spec", "group", "--spec-accept", "0.5", "--backend", "transformers"], "transformers")]:
+        assert cli(["replay", "--trace", str(synth), "--num-blocks", "200", *flags]) == 2
+        err = capsys.readouterr().err
+        assert match in err and "Traceback" not in err
+    assert cli(["replay", "--trace", str(synth), "--num-blocks", "200", "--spec", "off,group", "--spec-accept", "0.5",
+                "--json"]) == 0
+    labels = [json.loads(ln)["spec"] for ln in capsys.readouterr().out.splitlines()]
+    assert labels[:2] == ["off", "group@0.5"]
