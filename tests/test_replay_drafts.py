@@ -95,7 +95,10 @@ def test_the_host_time_overlaps_without_drafts_and_adds_with_them():
     gpu = 0.02
     assert cost.step_seconds(gpu, 100) == gpu  # 0.011 s of host time hidden behind the GPU step
     assert cost.step_seconds(gpu, 400) == pytest.approx(0.041)  # the host is the longer one
-    assert cost.step_seconds(gpu, 100, "suffix", 100) == pytest.approx(0.02 + 0.011 + 0.02)
+    assert cost.step_seconds(gpu, 100, "suffix", 100, 100) == pytest.approx(0.02 + 0.011 + 0.02)
+    group = StepCostModel(GPUS["h200"], QWEN8, calibration=Calibration(upkeep_group_row_s=1e-5,
+                                                                        propose_group_row_s=1e-4))
+    assert group.propose_seconds("group", 100, 10) == pytest.approx(0.001 + 0.001)  # upkeep on all, drafts on ten
     contexts = np.full(300, 1000.0)  # drafts off, the host longer than the GPU: the stretch pays the host's time
     step = cost.step_seconds(cost.seconds(np.ones(300), contexts, 300), 300)
     assert cost.decode_run_seconds(contexts, 1) == pytest.approx(step)

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 GROUP_ARG = "infsample_group"
 PREDICTED_ARG = "infsample_predicted"
 GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: a temperature under it is greedy
+SYNC_EVERY = 8  # tokens a row that does not draft may run ahead of the trees before they take its new tokens
 
 
 @dataclass
@@ -44,6 +45,7 @@ class DrafterStats:
     accepted_by_position: list[int] = field(default_factory=list)
     from_group: int = 0  # drafts taken from the group's tree (the rest from the prompt or the run's tree)
     propose_s: float = 0.0
+    drafting_s: float = 0.0  # of which spent on the rows that drafted (their trees brought up to date, the draft)
     law: LawTally = field(default_factory=LawTally)
     group_bytes: int = 0
 
@@ -66,6 +68,7 @@ class GroupDrafter:
         self.trees = trees or DraftTrees()
         self.runner = runner or _building_runner()
         self.rows: dict[str, RowAcceptance] = {}
+        self.synced: dict[str, int] = {}  # tokens of each row the trees hold (its prompt and response so far)
         self.stats = DrafterStats()
         self._guarded = None  # the rejection sampler whose verdicts we read
 
@@ -100,10 +103,7 @@ class GroupDrafter:
                 p = int(batch.num_prompt_tokens[i])
                 prompt = batch.token_ids_cpu[i, :p]
                 self.trees.start(req_id, hints.get(GROUP_ARG) or _prompt_key(prompt), prompt)
-                self.trees.extend(req_id, batch.token_ids_cpu[i, p:n])
-                self.rows[req_id] = RowAcceptance()
-            else:
-                self.trees.extend(req_id, sampled)
+                self.rows[req_id], self.synced[req_id] = RowAcceptance(), p
             predicted = hints.get(PREDICTED_ARG)
             cap = self.max_model_len - n - 1
             if predicted is not None:
@@ -114,17 +114,26 @@ class GroupDrafter:
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.stats.rows += len(decoding)
         for i, k in zip(decoding, lengths):
-            if k <= 0:
+            req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
+            if k <= 0:  # the trees take its tokens in runs: siblings see them at most SYNC_EVERY tokens late
+                if n - self.synced[req_id] >= SYNC_EVERY:
+                    self.trees.extend(req_id, batch.token_ids_cpu[i, self.synced[req_id]:n])
+                    self.synced[req_id] = n
                 continue
+            began = time.perf_counter()
             self.stats.proposing_rows += 1
-            n = int(batch.num_tokens_no_spec[i])
-            draft = self.trees.propose(batch.req_ids[i], batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
+            if n > self.synced[req_id]:
+                self.trees.extend(req_id, batch.token_ids_cpu[i, self.synced[req_id]:n])
+                self.synced[req_id] = n
+            draft = self.trees.propose(req_id, batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
             self.stats.from_group += draft.source == "group"
             drafts[i] = draft.token_ids
+            self.stats.drafting_s += time.perf_counter() - began
         seen = set(batch.req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.trees.active if r not in seen]:
             self.trees.stop(req_id)
             self.rows.pop(req_id, None)
+            self.synced.pop(req_id, None)
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return drafts

@@ -127,6 +127,11 @@ class Proposer:
         return self.impl.propose_batch(batch, sampled, requests)
 
     @property
+    def drafting_s(self) -> float | None:
+        """The group drafter's time on the rows that drafted (None: vLLM's proposers draft on every row)."""
+        return self.impl.stats.drafting_s if self.method == "group" else None
+
+    @property
     def proposing_rows(self) -> int:
         """Rows proposed for so far: vLLM's own proposers every decoding row, the group drafter those its budget
         let propose."""

@@ -109,10 +109,11 @@ class ReplayDrafts:
                 self.batch.remove(len(self.batch.req_ids) - 1)
             self.proposer.propose(self.batch, [], {})  # gone from the batch: finished
 
-    def after_step(self, scheduler, ids: list[str], sampled: list[list[int]], verified: dict[str, list[int]]) -> int:
+    def after_step(self, scheduler, ids: list[str], sampled: list[list[int]],
+                   verified: dict[str, list[int]]) -> tuple[int, int]:
         """The step scheduled ``ids``, which sampled ``sampled``; ``verified``: the drafts it verified, by row.
         Proposes for the rows still running and hands the drafts to ``scheduler``; returns the decoding rows the
-        proposer was called for (its time in ``wall_s``; the rows it drafted for in ``proposing_rows``)."""
+        proposer was called for and the rows it drafted for (its time in ``wall_s``)."""
         from vllm.v1.outputs import DraftTokenIds
 
         rows = [(rid, out) for rid, out in zip(ids, sampled)
@@ -124,17 +125,18 @@ class ReplayDrafts:
                                    [out + [-1] * (len(d) + 1 - len(out)) for _, d, out in checked])
         self._mirror(scheduler, rows)
         if not rows:
-            return 0
+            return 0, 0
+        before = self.proposer.proposing_rows
         in_order = [out for _, out in sorted(rows, key=lambda r: self.batch.req_id_to_index[r[0]])]
         start = time.perf_counter()
         drafts = self.proposer.propose(self.batch, in_order, scheduler.requests)
         self.wall_s += time.perf_counter() - start
         scheduler.update_draft_token_ids(DraftTokenIds(list(self.batch.req_ids), [list(d) for d in drafts]))
-        return sum(1 for out in in_order if out)
+        return sum(1 for out in in_order if out), self.proposer.proposing_rows - before
 
     @property
-    def proposing_rows(self) -> int:
-        return self.proposer.proposing_rows
+    def drafting_s(self) -> float | None:
+        return getattr(self.proposer, "drafting_s", None)
 
     def _mirror(self, scheduler, rows: list[tuple[str, list[int]]]) -> None:
         """The batch holds exactly ``rows``, in vLLM's way: rows that left are removed (the last moves into the

@@ -105,17 +105,21 @@ class Calibration:
 
     flop_efficiency: float = 0.6  # share of the dense bf16 peak that GEMMs and attention reach
     bandwidth_efficiency: float = 0.8  # share of the HBM bandwidth that weight and KV reads reach
-    step_overhead_s: float = 0.003  # per step: scheduling, sampling, launches, TP all-reduces
+    step_overhead_s: float = 0.003  # per step on the GPU's side: sampling, kernel launches, TP all-reduces
     activation_bytes_per_batched_token: float = 0.0  # 0: estimated from the model shape (see ``kv_pool_blocks``)
     reserved_bytes: float = 2 * GIB  # CUDA context, graphs and allocator slack vLLM does not give to KV
     # the engine's host time per step, a fixed part and a part per scheduled row (vLLM's scheduler calls), and each
-    # drafter's time per row it is called for (vLLM calls it for every decoding row, every step): `infsample replay-host` on a 2-core CPU (game of 24 text, 256 rows); a GPU
+    # drafter's time: per row it is called for (vLLM calls it for every decoding row, every step) and per row it
+    # drafts for (vLLM's own proposers draft on every row they are called for, so theirs is all the latter): `infsample replay-host` on a 2-core CPU (game of 24 text, 256 rows); a GPU
     # host's own figures replace them
-    host_step_s: float = 6.8e-6
-    host_row_s: float = 1.45e-5
-    propose_ngram_row_s: float = 3.8e-6
-    propose_suffix_row_s: float = 4.0e-5
-    propose_group_row_s: float = 5.4e-5
+    host_step_s: float = 1.2e-5
+    host_row_s: float = 1.36e-5
+    propose_ngram_row_s: float = 3.5e-6
+    propose_suffix_row_s: float = 3.8e-5
+    propose_group_row_s: float = 4.8e-5
+    upkeep_ngram_row_s: float = 0.0
+    upkeep_suffix_row_s: float = 0.0
+    upkeep_group_row_s: float = 1.2e-5
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Calibration":
@@ -168,17 +172,20 @@ class StepCostModel:
         """The engine's host time for a step of ``rows`` scheduled rows, drafting aside."""
         return self.calibration.host_step_s + self.calibration.host_row_s * rows
 
-    def propose_seconds(self, drafter: str, rows: int) -> float:
-        """``drafter``'s time (``ngram``, ``suffix`` or ``group``) called for ``rows`` decoding rows."""
-        return getattr(self.calibration, f"propose_{drafter}_row_s") * rows
+    def propose_seconds(self, drafter: str, called: int, drafting: int) -> float:
+        """``drafter``'s time (``ngram``, ``suffix`` or ``group``) called for ``called`` decoding rows, drafting
+        for ``drafting`` of them."""
+        c = self.calibration
+        return getattr(c, f"upkeep_{drafter}_row_s") * called + getattr(c, f"propose_{drafter}_row_s") * drafting
 
-    def step_seconds(self, gpu_s: float, rows: int, drafter: str | None = None, proposing_rows: int = 0) -> float:
+    def step_seconds(self, gpu_s: float, rows: int, drafter: str | None = None, called: int = 0,
+                     drafting: int = 0) -> float:
         """A whole engine step: its GPU time ``gpu_s`` (:meth:`seconds`) and its host time, overlapped (drafts off:
         async scheduling) or added to it with the proposer's (``drafter``: vLLM schedules synchronously)."""
         host = self.host_seconds(rows)
         if drafter is None:
             return max(gpu_s, host)
-        return gpu_s + host + self.propose_seconds(drafter, proposing_rows)
+        return gpu_s + host + self.propose_seconds(drafter, called, drafting)
 
     def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None) -> float:
         """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``,

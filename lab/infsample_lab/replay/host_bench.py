@@ -4,8 +4,9 @@
 
 Replays the trace's first step on one replica (the cost model off) at several batch sizes and times vLLM's own
 scheduler calls (``schedule`` and ``update_from_output``) per step, fitted as a fixed part and a part per row
-(``host_step_s``, ``host_row_s``), and each drafter's calls per row it is called for (``propose_*_row_s``: vLLM
-calls it for every decoding row) on the trace's tokens. The defaults of ``Calibration`` came from this command on a 2-core CPU; a GPU host's own figures (its
+(``host_step_s``, ``host_row_s``), and each drafter's calls on the trace's tokens: per row it drafts for
+(``propose_*_row_s``) and per row it is called for (``upkeep_*_row_s``: vLLM calls it for every decoding row; its
+own proposers draft on each, so theirs is 0). The defaults of ``Calibration`` came from this command on a 2-core CPU; a GPU host's own figures (its
 faster cores, and what this leaves out: the model runner's input preparation, the API server) replace them
 through ``--calibration``.
 """
@@ -68,7 +69,13 @@ def measure_host(trace_path: str, max_num_seqs: int = 256, specs=("ngram", "suff
     for spec in specs:
         run(16, DraftSetup(spec))  # compiles what the drafter compiles on first use (ngram's numba kernels)
         res = run(max_num_seqs, DraftSetup(spec))
-        fields[f"propose_{spec}_row_s"] = round(res.propose_wall_s / max(1, res.proposer_rows), 8)
+        if res.drafting_wall_s is None:  # vLLM's own proposers: every row called for drafts
+            fields[f"propose_{spec}_row_s"] = round(res.propose_wall_s / max(1, res.proposer_rows), 8)
+            fields[f"upkeep_{spec}_row_s"] = 0.0
+        else:
+            fields[f"propose_{spec}_row_s"] = round(res.drafting_wall_s / max(1, res.proposing_rows), 8)
+            fields[f"upkeep_{spec}_row_s"] = round((res.propose_wall_s - res.drafting_wall_s)
+                                                   / max(1, res.proposer_rows), 8)
     return fields
 
 

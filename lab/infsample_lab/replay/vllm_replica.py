@@ -99,6 +99,7 @@ class ReplicaResult:
     propose_s: float = 0.0  # the drafter's modeled time (in model_s)
     host_wall_s: float = 0.0  # measured here: the scheduler's own calls (``infsample replay-host`` fits on it)
     propose_wall_s: float = 0.0  # measured here: the drafter's calls
+    drafting_wall_s: float | None = None  # of which on the rows that drafted (the group drafter tells; None: all)
     finished: list[tuple[str, int]] = field(default_factory=list)  # (sample's request id, length) in finishing order
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (model_s at a step's start, rows running)
 
@@ -234,7 +235,7 @@ class ReplicaReplay:
     def end(self, res: ReplicaResult) -> ReplicaResult:
         """``res`` with the figures counted over the whole rollout."""
         if self.drafts is not None:
-            res.propose_wall_s, res.proposing_rows = self.drafts.wall_s, self.drafts.proposing_rows
+            res.propose_wall_s, res.drafting_wall_s = self.drafts.wall_s, self.drafts.drafting_s
         res.recomputed_tokens = res.computed_tokens - (res.drafted - res.accepted) - sum(
             p - self._first_hit.get(rid, 0) + n - 1 for rid, (p, n) in self._lengths.items())
         res.probe_prefill_tokens = sum(self._lengths[rid][0] - self._first_hit.get(rid, 0) for rid in self._rests)
@@ -335,13 +336,14 @@ class ReplicaReplay:
                 if o.finish_reason is not None:
                     self._finish(o.request_id, res)
                     finished += 1
-        proposed = self.drafts.after_step(s, ids, sampled, spec) if self.drafts is not None else 0
-        res.proposer_rows += proposed
+        called, drafting = self.drafts.after_step(s, ids, sampled, spec) if self.drafts is not None else (0, 0)
+        res.proposer_rows += called
+        res.proposing_rows += drafting
         if self.cost is not None and ids:
             drafter = self.drafts.method if self.drafts is not None else None
-            res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, proposed)
+            res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, called, drafting)
             if drafter is not None:
-                res.propose_s += self.cost.propose_seconds(drafter, proposed)
+                res.propose_s += self.cost.propose_seconds(drafter, called, drafting)
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
         # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
         # end would change what vLLM admits), and until something finishes or is preempted it will be again
