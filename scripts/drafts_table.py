@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         for cap in (int(c) for c in args.caps.split(",")):
             for r in replicas:
                 trace = synth_rl_trace(max(1, r * args.samples_per_replica // 16), 16, cap, steps=1, seed=args.seed)
-                grid.append((f"synthetic {a:g}", f"{cap // 1024}k", r, a, trace))
+                grid.append((f"synthetic {a:g}", f"{cap // 1024}k" if cap % 1024 == 0 else str(cap), r, a, trace))
     rows = []
     for name, cap, r, accept, trace in progress(grid, "drafts table"):
         start = time.time()

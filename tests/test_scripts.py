@@ -49,6 +49,26 @@ def test_the_replay_table_runs_each_predictor_and_reports_the_gap_closed(capsys)
     assert "infinite (noisy:0.3) steps / s vs vllm" in table and table.count("\n| 1 | 4 |") == 2
 
 
+def test_the_drafts_table_runs_every_lane_on_text_and_synthetic_acceptance(tmp_path, capsys):
+    """scripts/drafts_table.py (the README's drafts table) at toy sizes: a row per trace, each lane's time against
+    drafts off; on text whose siblings agree the drafts are accepted, and group's budget is set against a fixed K."""
+    groups = tmp_path / "g.jsonl"
+    answer = " ".join(f"w{i}" for i in range(40))
+    groups.write_text("\n".join(json.dumps({"prompt_id": f"q{i}", "prompt": f"say {i}",
+                                            "responses": [f"{answer} end {j}" for j in range(6)]}) for i in range(4)))
+    module = _script("drafts_table")
+    args = ["--text", f"echo={groups}", "--accept", "0.5", "--replicas", "1", "--caps", "256",
+            "--samples-per-replica", "32", "--spec-tokens", "4", "--history", "1", "--workers", "1",
+            "--gpu-memory-utilization", "0.9"]
+    assert module.main([*args, "--json"]) == 0
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [(r["trace"], r["cap"]) for r in rows] == [("echo", "-"), ("synthetic 0.5", "256")]
+    echo, synthetic = rows
+    assert echo["vllm_suffix_tokens_per_step"] > 1.5 and echo["infinite_group_tokens_per_step"] > 1.5
+    assert echo["vllm_off_vs_vllm"] == 1.0 and "group_vs_fixed_k" not in echo
+    assert 0 < synthetic["group_vs_fixed_k"] and synthetic["infinite_suffix_tokens_per_step"] > 1.5
+
+
 def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
     """scripts/sim_seed_sweep.py: next to the mean ratios, how many single traces meet the simulator's goals (with
     exact lengths every trace's ``infinite`` is within 8% of the bound; naive is never better than ``infinite``)."""

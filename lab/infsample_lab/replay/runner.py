@@ -167,7 +167,7 @@ def _replay_replica(job: ReplicaJob) -> tuple[int, int, ReplicaResult, object]:
     model = MODELS[config.model]
     setup = ReplicaSetup(num_blocks=config.pool_blocks(), block_size=config.block_size,
                          max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                         max_model_len=_max_model_len(requests), scheduling_policy=job.scheduling_policy,
+                         max_model_len=_max_model_len(requests, job.past), scheduling_policy=job.scheduling_policy,
                          watermark=job.watermark)
     replay = ReplicaReplay(model_config_dir(model), setup, config.cost, model.vocab,
                            keep_timeline=config.keep_timeline, rests_held=job.held is not None, drafts=job.drafts)
@@ -227,8 +227,11 @@ def _simulate_replica(backend, replica: int, config: ReplayConfig, requests: lis
                             config.block_size, config.max_num_seqs, cap, config.max_num_batched_tokens)
 
 
-def _max_model_len(requests: list[ReplayRequest]) -> int:
-    return max((len(r.prompt_tokens) + r.length + (r.rest.length if r.rest else 0) for r in requests), default=16)
+def _max_model_len(requests: list[ReplayRequest], past=()) -> int:
+    """The longest request's tokens, or the longest response the drafter recalls (vLLM's drafters skip a sequence
+    at the model's length)."""
+    return max(max((len(r.prompt_tokens) + r.length + (r.rest.length if r.rest else 0) for r in requests), default=16),
+               max((len(p.prompt) + len(p.tokens) + 1 for p in past), default=0))
 
 
 def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
