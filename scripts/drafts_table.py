@@ -53,6 +53,18 @@ def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
     return cell
 
 
+def markdown(rows: list[dict]) -> str:
+    """The README's table: each lane's modeled time over verl's ``vllm`` with drafts off."""
+    lines = ["| trace | cap | replicas | verl `vllm`: steps, s | `vllm` + `suffix` | `infinite` + `group` | "
+             "group / suffix | group / fixed K | tokens a step: suffix, group |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        fixed = f"{c['group_vs_fixed_k']:.3f}" if "group_vs_fixed_k" in c else "-"
+        lines.append(f"| {c['trace']} | {c['cap']} | {c['replicas']} | {c['vllm_steps']}, {c['vllm_s']:.3g} | "
+                     f"{c['vllm_suffix_vs_vllm']:.3f} | {c['infinite_group_vs_vllm']:.3f} | {c['group_vs_suffix']:.3f} | "
+                     f"{fixed} | {c['vllm_suffix_tokens_per_step']:.2f}, {c['infinite_group_tokens_per_step']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--text", action="append", default=[], help="NAME=G.jsonl[:TOKENIZER] (words by default)")
@@ -93,13 +105,7 @@ def main(argv=None) -> int:
         for row in rows:
             print(json.dumps(row))
     elif args.markdown:
-        print("| trace | cap | replicas | verl `vllm`: steps, s | `vllm` + `suffix` | `infinite` + `group` | group / suffix "
-              "| tokens a step: suffix, group |")
-        print("|---|---|---|---|---|---|---|---|")
-        for c in rows:
-            print(f"| {c['trace']} | {c['cap']} | {c['replicas']} | {c['vllm_steps']}, {c['vllm_s']:.0f} | "
-                  f"{c['vllm_suffix_vs_vllm']:.3f} | {c['infinite_group_vs_vllm']:.3f} | {c['group_vs_suffix']:.3f} | "
-                  f"{c['vllm_suffix_tokens_per_step']:.2f}, {c['infinite_group_tokens_per_step']:.2f} |")
+        print(markdown(rows))
     else:
         print(format_table(rows, list(rows[0])))
     return 0
