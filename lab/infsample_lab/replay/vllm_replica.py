@@ -31,9 +31,9 @@ import json
 import os
 import tempfile
 import time
-from typing import TYPE_CHECKING
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
