@@ -144,7 +144,8 @@ def test_replay_with_drafts_end_to_end_and_its_errors(tmp_path, capsys):
     for flags, match in [(["--spec", "suffix"], "--spec-accept"), (["--spec", "eagle"], "--spec 'eagle'"),
                          (["--spec", "suffix", "--spec-accept", "2"], "--spec-accept"),
                          (["--spec", "suffix", "--spec-tokens", "0", "--spec-accept", "0.5"], "--spec-tokens"),
-                         (["--spec", "group", "--spec-accept", "0.5", "--backend", "transformers"], "transformers")]:
+                         (["--spec", "group", "--spec-accept", "0.5", "--backend", "transformers"], "transformers"),
+                         (["--rounds", "-1"], "--rounds")]:
         assert cli(["replay", "--trace", str(synth), "--num-blocks", "200", *flags]) == 2
         err = capsys.readouterr().err
         assert match in err and "Traceback" not in err
@@ -152,3 +153,29 @@ def test_replay_with_drafts_end_to_end_and_its_errors(tmp_path, capsys):
                 "--json"]) == 0
     labels = [json.loads(ln)["spec"] for ln in capsys.readouterr().out.splitlines()]
     assert labels[:2] == ["off", "group@0.5"]
+
+
+def test_drafting_rounds_hold_a_groups_later_samples_until_a_sibling_finished():
+    """Siblings that answer alike: side by side they have nothing finished to draft from; held until the first
+    one finished, the rest draft its whole answer."""
+    from infsample_lab.replay.rounds import replay_rounds
+
+    answer = tuple(range(1000, 1080))
+    requests = [ReplayRequest(f"g{g}-{j}", (g + 1, 7, 7), 80 - j, tokens=answer[:80 - j], group=f"g{g}")
+                for g in range(3) for j in range(4)]
+    setup = ReplicaSetup(num_blocks=400, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
+
+    def replay():
+        return ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab, drafts=DraftSetup("group", tokens=8))
+
+    together = replay().run(requests)
+    rounds = replay_rounds(replay(), requests, first=1)
+    assert sorted(rounds.finished) == sorted(together.finished) == sorted((r.request_id, r.length) for r in requests)
+
+    def first_done(res):  # each group's first sample to finish
+        return {rid.split("-")[0]: rid for rid, _ in reversed(res.finished)}
+
+    assert first_done(rounds) == {f"g{g}": f"g{g}-0" for g in range(3)}  # the rest waited for it
+    assert first_done(together) == {f"g{g}": f"g{g}-3" for g in range(3)}  # side by side: the shortest ends first
+    assert rounds.accepted > together.accepted
+    assert rounds.output_tokens / rounds.decode_rows > 2 * together.output_tokens / together.decode_rows
