@@ -255,7 +255,7 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
             b = make_backend(name, config.replicas, config.predictor, cap, config.seed, config.router,
                              config.probe_tokens, config.max_num_seqs)
             b.drafts = config.drafts(spec)
-            b.past = [deque(maxlen=PAST_LIMIT) for _ in range(config.replicas)]
+            b.past = [deque(maxlen=PAST_LIMIT) for _ in range(config.replicas)]  # kept where it drafts
             backends.append(b)
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
     try:
@@ -325,7 +325,7 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         for k, b in enumerate(backends):
             per_replica = [results.get((k, r), ReplicaResult()) for r in range(config.replicas)]
             b.observe([[(by_id[rid], n) for rid, n in res.finished] for res in per_replica])
-            for r, res in enumerate(per_replica):  # the drafter's memory on that replica
+            for r, res in enumerate(per_replica if b.drafts.on else ()):  # the drafter's memory on that replica
                 b.past[r].extend(PastResponse(by_id[rid].prompt_id if b.names_groups else None,
                                               by_id[rid].prompt_tokens, by_id[rid].tokens)
                                  for rid, _ in res.finished if by_id[rid].tokens is not None)
