@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from infsample_lab.bench.drafters import OfflineBatch, evaluate
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
-from verl_infsample.spec.budget import DraftBudget, RowAcceptance
+from verl_infsample.spec.budget import DepthAcceptance, DraftBudget, RowAcceptance
 from verl_infsample.spec.group_drafter import GROUP_ARG, GroupDrafter
 from verl_infsample.spec.law_guard import LawTally, target_probabilities
 from verl_infsample.spec.trees import DraftTrees
@@ -55,15 +55,24 @@ def test_group_trees_stay_within_their_memory_and_keep_running_groups():
 
 
 def _rows(*rates):
-    return [RowAcceptance(accepted=r, tested=1.0) for r in rates]
+    return [RowAcceptance(first=r) for r in rates]
+
+
+def _depth(after_first: float, tokens: int = 8, verdicts: int = 4000) -> DepthAcceptance:
+    """The batch's counts by position after ``verdicts`` drafts of ``tokens`` whose first token was accepted and
+    each later one with probability ``after_first`` given the one before."""
+    depth, rng = DepthAcceptance(tokens), np.random.default_rng(0)
+    for _ in range(verdicts):
+        depth.verified(tokens, 1 + int(np.argmin(np.append(rng.random(tokens - 1) < after_first, False))))
+    return depth
 
 
 def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_drafts_cost():
     budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=3)
     assert budget.plan(_rows(*[0.01] * 16)) == [8] * 16  # free room: the trees' draft goes in whole
     assert budget.plan(_rows(0.9, 0.9), caps=[3, 20]) == [3, 8]  # no further than its predicted end
-    full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100))  # compute-bound: the likely tokens of the likely rows
-    assert min(full[:100]) >= 3 and max(full[100:]) == 0
+    full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100), depth=_depth(0.9))  # compute-bound: the likely tokens of
+    assert min(full[:100]) >= 2 and max(full[100:]) == 0  # the likely rows
     assert sum(budget.plan(_rows(*[0.9] * 400))) == 512 - 400  # a full batch: what rides along free, no more
     lost = _rows(*[0.9] * 300, 0.0)
     assert [budget.plan(lost)[-1] for _ in range(5)] == [0, 0, 1, 0, 0]  # a row never accepted retries every 3 steps
@@ -71,29 +80,48 @@ def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_draf
     row.verified(4, 0)
     assert row.rate < 0.5
     row.verified(0, 0)  # nothing verified: nothing learned
-    assert row.rate == pytest.approx(0.35 / 1.0)
-    learned = RowAcceptance()
+    assert row.rate == pytest.approx(0.35)
+    learned, depth = RowAcceptance(), DepthAcceptance(6)
     rng = np.random.default_rng(0)
-    for _ in range(400):  # geometric verdicts at a = 0.6, 6 tokens drafted: the per-token acceptance comes out
+    for _ in range(400):  # geometric verdicts at a = 0.6, 6 tokens drafted: every position's acceptance comes out
         accepted = int(np.argmin(np.append(rng.random(6) < 0.6, False)))
         learned.verified(6, accepted)
+        depth.verified(6, accepted)
     assert abs(learned.rate - 0.6) < 0.15
+    assert np.allclose(depth.after_first(6), 0.6 ** np.arange(6), atol=0.06)
+
+
+def test_where_matched_drafts_go_on_matching_the_free_room_goes_to_the_likely_rows_deeper_tokens():
+    """150 rows that accept a first draft token 90% of the time and 150 that do 30%, 212 draft tokens free: where a
+    token after an accepted one is rarely accepted, the room goes to the other rows' first tokens; where it mostly is
+    (real text: a draft that matched goes on matching), to the likely rows' second tokens."""
+    budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=10**9)
+    rows = _rows(*[0.9] * 150, *[0.3] * 150)
+    short = budget.plan(rows, depth=_depth(0.2))
+    deep = budget.plan(rows, depth=_depth(0.95))
+    assert sum(short) == sum(deep) == 212  # what rides along free, no more
+    assert max(short[:150]) == 1 and sum(short[150:]) == 62
+    assert min(deep[:150]) >= 1 and max(deep[:150]) == 2 and max(deep[150:]) == 0
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 3), st.integers(2, 12))
-def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth, step_tokens):
-    """Expected tokens per step time, step time max(1, verified / step_tokens): no draft lengths do better."""
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 3), st.integers(2, 12),
+       st.floats(0.0, 1.0))
+def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth, step_tokens, after_first):
+    """Expected tokens per step time, step time max(1, verified / step_tokens), the j-th token of a row with
+    first-token rate a gaining a times the batch's acceptance of tokens 2..j: no draft lengths do better."""
     import itertools
 
     budget = DraftBudget(max_tokens=depth, step_tokens=step_tokens, retry_every=10**9)
+    by_position = _depth(after_first, tokens=depth, verdicts=50)
+    reach = by_position.after_first(depth)
 
     def value(ks):
-        tokens = sum(1 + sum(a ** j for j in range(1, k + 1)) for a, k in zip(rates, ks))
+        tokens = sum(1 + a * sum(reach[:k]) for a, k in zip(rates, ks))
         return tokens / max(1.0, sum(1 + k for k in ks) / step_tokens)
 
     best = max(value(ks) for ks in itertools.product(range(depth + 1), repeat=len(rates)))
-    assert value(budget.plan(_rows(*rates))) == pytest.approx(best, rel=1e-9)
+    assert value(budget.plan(_rows(*rates), depth=by_position)) == pytest.approx(best, rel=1e-9)
 
 
 def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_where_it_does_not():

@@ -1,14 +1,16 @@
 """How many tokens each row drafts this step, chosen for the whole batch at once.
 
 A step's forward pass is bound by reading the weights while it verifies fewer than ``step_tokens`` tokens; beyond
-that it is bound by compute, and its time grows with the tokens it verifies. A row whose drafts are accepted with
-per-token probability a gains a^j expected tokens from its j-th draft token (the j-1 before it must be accepted).
-:meth:`DraftBudget.plan` takes the draft tokens of every row in order of that gain and stops where the expected
-tokens per unit of step time stop growing: while the step stays under ``step_tokens`` every draft token rides along
-for free, so a thin tail (few rows) drafts as long as the trees offer; a full batch drafts only its likely tokens,
-or none. A row whose drafts are not drafted (a low acceptance in a full batch) does not propose at all, sparing the
-proposer's time, and tries one token again every ``retry_every`` steps, so its acceptance stays current. A sample
-predicted to end soon drafts no further than its predicted end.
+that it is bound by compute, and its time grows with the tokens it verifies. A row's j-th draft token gains the
+probability that it and the j-1 before it are accepted: the row's own acceptance of its first draft token
+(:class:`RowAcceptance`) times the batch's acceptance of a token at each later position given the one before it was
+accepted (:class:`DepthAcceptance`; on real text a token after an accepted one is accepted far more often than the
+first: a draft that matched goes on matching). :meth:`DraftBudget.plan` takes the draft tokens of every row in order
+of that gain and stops where the expected tokens per unit of step time stop growing: while the step stays under
+``step_tokens`` every draft token rides along for free, so a thin tail (few rows) drafts as long as the trees offer;
+a full batch drafts only its likely tokens, or none. A row whose drafts are not drafted (a low acceptance in a full
+batch) does not propose at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps,
+so its acceptance stays current. A sample predicted to end soon drafts no further than its predicted end.
 """
 
 from __future__ import annotations
@@ -17,28 +19,49 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ACCEPTANCE_PRIOR = 0.5  # a new row's per-token acceptance, before any draft of it was verified
-ACCEPTANCE_MEMORY = 0.7  # weight of the past in the running counts (per verified step)
+ACCEPTANCE_PRIOR = 0.5  # acceptance of a token before any was verified
+ACCEPTANCE_MEMORY = 0.7  # weight of a row's past in its running acceptance (per verified step)
+DEPTH_MEMORY = 0.998  # weight of the past in the batch's counts by position (per verified row)
 
 
 @dataclass
 class RowAcceptance:
-    """One request's recent per-token acceptance: accepted draft tokens over tokens tested (the accepted ones and
-    the first rejection, where there was one), each a running mean; and how long it has gone without drafting."""
+    """One request's recent acceptance of its first draft token (a running mean over the steps it drafted), and how
+    long it has gone without drafting."""
 
-    accepted: float = ACCEPTANCE_PRIOR
-    tested: float = 1.0
+    first: float = ACCEPTANCE_PRIOR
     idle_steps: int = 0
 
     @property
     def rate(self) -> float:
-        return self.accepted / self.tested if self.tested > 0 else ACCEPTANCE_PRIOR
+        return self.first
 
     def verified(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
-            tested = accepted + (accepted < drafted)
-            self.accepted = ACCEPTANCE_MEMORY * self.accepted + (1 - ACCEPTANCE_MEMORY) * accepted
-            self.tested = ACCEPTANCE_MEMORY * self.tested + (1 - ACCEPTANCE_MEMORY) * tested
+            self.first = ACCEPTANCE_MEMORY * self.first + (1 - ACCEPTANCE_MEMORY) * (accepted > 0)
+
+
+class DepthAcceptance:
+    """The batch's acceptance of a draft token at each position given the one before it was accepted: running counts
+    over every row's verdicts (tested: positions up to and including the first rejection)."""
+
+    def __init__(self, max_tokens: int):
+        self.accepted = np.zeros(max_tokens)
+        self.tested = np.zeros(max_tokens)
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        if drafted > 0:
+            self.accepted *= DEPTH_MEMORY
+            self.tested *= DEPTH_MEMORY
+            self.accepted[:accepted] += 1
+            self.tested[:min(drafted, accepted + 1)] += 1
+
+    def after_first(self, depth: int) -> np.ndarray:
+        """Probability that tokens 2..j are accepted given the first was, for j = 1..``depth`` (1 for j = 1)."""
+        accepted, tested = np.zeros(depth), np.zeros(depth)
+        known = min(depth, len(self.accepted))
+        accepted[:known], tested[:known] = self.accepted[:known], self.tested[:known]
+        return np.concatenate(([1.0], np.cumprod((accepted[1:] + ACCEPTANCE_PRIOR) / (tested[1:] + 1.0))))
 
 
 @dataclass(frozen=True)
@@ -47,9 +70,11 @@ class DraftBudget:
     step_tokens: int = 512  # tokens a step verifies before it turns compute-bound (an 8B model in bf16 on an H100/H200)
     retry_every: int = 8  # steps a row goes without drafting before it tries one token again
 
-    def plan(self, rows: list[RowAcceptance], caps: list[int] | None = None) -> list[int]:
+    def plan(self, rows: list[RowAcceptance], caps: list[int] | None = None,
+             depth: DepthAcceptance | None = None) -> list[int]:
         """Draft tokens for each of a step's decoding ``rows`` (0: do not propose); ``caps[i]``: row i's most
-        (its predicted remaining tokens, its room in the model's length)."""
+        (its predicted remaining tokens, its room in the model's length); ``depth``: the batch's acceptance by
+        position (None: none verified yet)."""
         n = len(rows)
         if n == 0:
             return []
@@ -58,7 +83,7 @@ class DraftBudget:
         if n * (1 + int(caps.max(initial=0))) <= self.step_tokens:  # every draft token rides along for free
             k = caps
         else:
-            k = self._best(np.array([r.rate for r in rows]), caps)
+            k = self._best(np.array([r.rate for r in rows]), caps, depth or DepthAcceptance(self.max_tokens))
         out = []
         for row, ki, cap in zip(rows, k.tolist(), caps.tolist()):
             if ki == 0 and cap > 0:
@@ -70,15 +95,17 @@ class DraftBudget:
             out.append(ki)
         return out
 
-    def _best(self, rates: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    def _best(self, rates: np.ndarray, caps: np.ndarray, accepted_after: DepthAcceptance) -> np.ndarray:
         """The draft lengths that maximise expected tokens per step time, step time ``max(1, tokens /
-        step_tokens)``: the draft tokens by falling gain, the best prefix of them."""
+        step_tokens)``: the draft tokens by falling gain (a row's first-token rate times ``accepted_after``), the
+        best prefix of them."""
         n, depth = len(rates), int(caps.max(initial=0))
         if depth == 0:
             return caps
-        a = np.clip(rates, 0.0, 1.0)[:, None]
+        after_first = accepted_after.after_first(depth)
+        reach = np.clip(rates, 0.0, 1.0)[:, None] * after_first[None, :]
         j = np.arange(1, depth + 1)[None, :]
-        gain = np.where(j <= caps[:, None], a ** j, -1.0)  # -1: beyond the row's cap, never taken
+        gain = np.where(j <= caps[:, None], reach, -1.0)  # -1: beyond the row's cap, never taken
         order = np.argsort(-gain, axis=None, kind="stable")
         flat = gain.ravel()[order]
         flat = flat[flat >= 0]

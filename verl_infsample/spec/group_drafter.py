@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .budget import DraftBudget, RowAcceptance
+from .budget import DepthAcceptance, DraftBudget, RowAcceptance
 from .law_guard import POSITIONS_PER_STEP, LawTally, target_probabilities
 from .trees import DraftTrees
 
@@ -65,6 +65,7 @@ class GroupDrafter:
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.budget = DraftBudget(max_tokens=self.k)
+        self.depth = DepthAcceptance(self.k)
         self.trees = trees or DraftTrees()
         self.runner = runner or _building_runner()
         self.rows: dict[str, RowAcceptance] = {}
@@ -110,7 +111,7 @@ class GroupDrafter:
                 cap = min(cap, max(1, int(predicted) - (n - int(batch.num_prompt_tokens[i]))))
             decoding.append(i)
             caps.append(cap)
-        lengths = self.budget.plan([self.rows[batch.req_ids[i]] for i in decoding], caps)
+        lengths = self.budget.plan([self.rows[batch.req_ids[i]] for i in decoding], caps, self.depth)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.stats.rows += len(decoding)
         for i, k in zip(decoding, lengths):
@@ -156,6 +157,7 @@ class GroupDrafter:
             row = self.rows.get(req_ids[i])
             if row is not None:
                 row.verified(len(draft), accepted)
+            self.depth.verified(len(draft), accepted)
             p = probabilities[i] if probabilities is not None else None
             if p is not None:
                 for j in range(min(accepted + 1, len(draft))):  # tested: up to and including the first rejection

@@ -175,11 +175,12 @@ class SyntheticDrafter:
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
     def __init__(self, setup: DraftSetup, token_of):
-        from verl_infsample.spec.budget import DraftBudget
+        from verl_infsample.spec.budget import DepthAcceptance, DraftBudget
 
         self.setup = setup
         self.token_of = token_of
         self.budget = DraftBudget(max_tokens=setup.tokens) if setup.method == "group" else None
+        self.depth = DepthAcceptance(setup.tokens)
         self.rows: dict = {}
         self.rng = np.random.default_rng(setup.seed)
         self.proposing_rows = 0
@@ -192,7 +193,7 @@ class SyntheticDrafter:
         caps = [requests[batch.req_ids[i]].max_tokens - done[i] - 1 for i in decoding]  # one is sampled after them
         if self.budget is not None:
             lengths = self.budget.plan([self.rows.setdefault(batch.req_ids[i], RowAcceptance()) for i in decoding],
-                                       caps)
+                                       caps, self.depth)
         else:
             lengths = [min(self.setup.tokens, cap) for cap in caps]
         drafts: list[list[int]] = [[] for _ in sampled]
@@ -218,3 +219,5 @@ class SyntheticDrafter:
             while accepted < len(draft) and out[accepted] == draft[accepted]:
                 accepted += 1
             row.verified(len(draft), accepted)
+            self.depth.verified(len(draft), accepted)
+
