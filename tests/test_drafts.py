@@ -62,8 +62,9 @@ def _depth(after_first: float, tokens: int = 8, verdicts: int = 4000) -> DepthAc
     """The batch's counts by position after ``verdicts`` drafts of ``tokens`` whose first token was accepted and
     each later one with probability ``after_first`` given the one before."""
     depth, rng = DepthAcceptance(tokens), np.random.default_rng(0)
-    for _ in range(verdicts):
-        depth.verified(tokens, 1 + int(np.argmin(np.append(rng.random(tokens - 1) < after_first, False))))
+    for _ in range(verdicts // 20):  # steps of 20 rows
+        depth.verified([tokens] * 20, [1 + int(np.argmin(np.append(rng.random(tokens - 1) < after_first, False)))
+                                       for _ in range(20)])
     return depth
 
 
@@ -86,7 +87,7 @@ def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_draf
     for _ in range(400):  # geometric verdicts at a = 0.6, 6 tokens drafted: every position's acceptance comes out
         accepted = int(np.argmin(np.append(rng.random(6) < 0.6, False)))
         learned.verified(6, accepted)
-        depth.verified(6, accepted)
+        depth.verified([6, 0], [accepted, 0])  # a row that drafted nothing tells nothing
     assert abs(learned.rate - 0.6) < 0.15
     assert np.allclose(depth.after_first(6), 0.6 ** np.arange(6), atol=0.06)
 

@@ -49,12 +49,17 @@ class DepthAcceptance:
         self.accepted = np.zeros(max_tokens)
         self.tested = np.zeros(max_tokens)
 
-    def verified(self, drafted: int, accepted: int) -> None:
-        if drafted > 0:
-            self.accepted *= DEPTH_MEMORY
-            self.tested *= DEPTH_MEMORY
-            self.accepted[:accepted] += 1
-            self.tested[:min(drafted, accepted + 1)] += 1
+    def verified(self, drafted, accepted) -> None:
+        """A step's verdicts: ``drafted[i]`` draft tokens of a row, ``accepted[i]`` of them accepted (rows that
+        drafted nothing are skipped)."""
+        drafted, accepted = np.asarray(drafted, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
+        accepted, tested = accepted[drafted > 0], np.minimum(drafted, accepted + 1)[drafted > 0]
+        if len(tested) == 0:
+            return
+        positions = np.arange(len(self.accepted))
+        decay = DEPTH_MEMORY ** len(tested)
+        self.accepted = self.accepted * decay + (accepted[:, None] > positions).sum(axis=0)
+        self.tested = self.tested * decay + (tested[:, None] > positions).sum(axis=0)
 
     def after_first(self, depth: int) -> np.ndarray:
         """Probability that tokens 2..j are accepted given the first was, for j = 1..``depth`` (1 for j = 1)."""

@@ -142,6 +142,7 @@ class GroupDrafter:
     def verified(self, req_ids, draft_token_ids: list[list[int]], output_token_ids, probabilities=None) -> None:
         """The rejection sampler's verdicts on a step's drafts: row i kept the leading draft tokens equal to its
         output. ``probabilities[i]`` (target probabilities of row i's draft tokens, or None) feed the law check."""
+        verdicts = []
         for i, draft in enumerate(draft_token_ids):
             if not draft:
                 continue
@@ -157,11 +158,13 @@ class GroupDrafter:
             row = self.rows.get(req_ids[i])
             if row is not None:
                 row.verified(len(draft), accepted)
-            self.depth.verified(len(draft), accepted)
+            verdicts.append((len(draft), accepted))
             p = probabilities[i] if probabilities is not None else None
             if p is not None:
                 for j in range(min(accepted + 1, len(draft))):  # tested: up to and including the first rejection
                     s.law.add(j < accepted, float(p[j]))
+        if verdicts:
+            self.depth.verified(*zip(*verdicts))
 
     def _watch_sampler(self) -> None:
         """Wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from here on

@@ -211,6 +211,7 @@ class SyntheticDrafter:
         return drafts
 
     def verified(self, req_ids, drafts, outputs) -> None:
+        verdicts = []
         for rid, draft, out in zip(req_ids, drafts, outputs):
             row = self.rows.get(rid)
             if row is None:
@@ -219,5 +220,6 @@ class SyntheticDrafter:
             while accepted < len(draft) and out[accepted] == draft[accepted]:
                 accepted += 1
             row.verified(len(draft), accepted)
-            self.depth.verified(len(draft), accepted)
-
+            verdicts.append((len(draft), accepted))
+        if verdicts:
+            self.depth.verified(*zip(*verdicts))
