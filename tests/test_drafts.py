@@ -72,8 +72,8 @@ def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_draf
     budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=3)
     assert budget.plan(_rows(*[0.01] * 16)) == [8] * 16  # free room: the trees' draft goes in whole
     assert budget.plan(_rows(0.9, 0.9), caps=[3, 20]) == [3, 8]  # no further than its predicted end
-    full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100), depth=_depth(0.9))  # compute-bound: the likely tokens of
-    assert min(full[:100]) >= 2 and max(full[100:]) == 0  # the likely rows
+    full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100), depth=_depth(0.9))
+    assert min(full[:100]) >= 3 and max(full[100:]) == 0  # compute-bound: the likely tokens of the likely rows
     assert sum(budget.plan(_rows(*[0.9] * 400))) == 512 - 400  # a full batch: what rides along free, no more
     lost = _rows(*[0.9] * 300, 0.0)
     assert [budget.plan(lost)[-1] for _ in range(5)] == [0, 0, 1, 0, 0]  # a row never accepted retries every 3 steps
