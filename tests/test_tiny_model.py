@@ -220,6 +220,12 @@ def test_cli_handler(tmp_path, capsys):
     assert tiny.cmd_make_tiny_model(modes) == 0
     stamp = json.loads((tmp_path / "modes" / tiny.STAMP_FILE).read_text())
     assert (stamp["params"]["corpus"], stamp["params"]["train_steps"]) == ("modes", 2)
+    # a variant's own parameters are its defaults (tools: 4 heads), flags given override them (1 layer)
+    tools = parser.parse_args(["make-tiny-model", str(tmp_path / "tools"), "--variant", "tools", "--layers", "1",
+                               "--train-steps", "2"])
+    assert tiny.cmd_make_tiny_model(tools) == 0
+    cfg = json.loads((tmp_path / "tools" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (1, tiny_recipe.VARIANTS["tools"]["heads"])
     bad = parser.parse_args(["make-tiny-model", str(tmp_path / "bad"), "--heads", "2", "--kv-heads", "3"])
     with pytest.raises(ValueError, match="kv_heads"):
         tiny.cmd_make_tiny_model(bad)

@@ -7,7 +7,7 @@ import sys
 import time
 
 from .tiny_build import STAMP_FILE, build_tiny_model
-from .tiny_recipe import DEFAULTS, HEAD_DIM, MODES_TRAIN_STEPS, VARIANTS
+from .tiny_recipe import DEFAULTS, HEAD_DIM, VARIANTS
 
 
 def add_make_tiny_model_parser(subparsers):
@@ -16,14 +16,19 @@ def add_make_tiny_model_parser(subparsers):
                               description="Train a byte-level BPE tokenizer and a tiny Qwen3 model on a synthetic "
                                           "chat corpus (CPU, seconds) and write a Hugging Face folder to DIR.")
     p.add_argument("dir", help="output folder (absent, empty, or an earlier tiny-model build)")
-    p.add_argument("--layers", type=int, default=DEFAULTS["layers"])
-    p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
-    p.add_argument("--heads", type=int, default=DEFAULTS["heads"], help=f"attention heads (head_dim is {HEAD_DIM})")
-    p.add_argument("--kv-heads", type=int, default=DEFAULTS["kv_heads"])
-    p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"], help="BPE vocabulary size to train")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--train-steps", type=int, default=None,
-                   help=f"0: random weights (default {DEFAULTS['train_steps']}; --variant modes: {MODES_TRAIN_STEPS})")
+    # no defaults here: a flag given overrides the variant's own build parameters (``VARIANTS``), which override
+    # ``DEFAULTS``
+    p.add_argument("--layers", type=int, help=f"default {DEFAULTS['layers']}")
+    p.add_argument("--hidden", type=int, help=f"default {DEFAULTS['hidden']}")
+    p.add_argument("--heads", type=int, help=f"attention heads (head_dim is {HEAD_DIM}; default {DEFAULTS['heads']}, "
+                                             f"--variant tools: {VARIANTS['tools']['heads']})")
+    p.add_argument("--kv-heads", type=int, help=f"default {DEFAULTS['kv_heads']}")
+    p.add_argument("--vocab", type=int, help=f"BPE vocabulary size to train (default {DEFAULTS['vocab']})")
+    p.add_argument("--seed", type=int, help=f"default {DEFAULTS['seed']}")
+    p.add_argument("--train-steps", type=int,
+                   help="0: random weights (default: the variant's, " + ", ".join(
+                       f"{name} {params.get('train_steps', DEFAULTS['train_steps'])}"
+                       for name, params in VARIANTS.items()) + ")")
     p.add_argument("--variant", choices=list(VARIANTS), default="default",
                    help="modes: trained on answers whose first tokens tell their length (direct / count / step); "
                         "learns: the demo's model; tools: calls a calculator")
@@ -33,11 +38,10 @@ def add_make_tiny_model_parser(subparsers):
 
 def cmd_make_tiny_model(args) -> int:
     t0 = time.perf_counter()
-    variant = {**VARIANTS[args.variant]}
-    if args.train_steps is not None:
-        variant["train_steps"] = args.train_steps
-    out = build_tiny_model(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                           kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, verbose=True, **variant)
+    flags = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, vocab=args.vocab,
+                 seed=args.seed, train_steps=args.train_steps)
+    params = {**VARIANTS[args.variant], **{k: v for k, v in flags.items() if v is not None}}
+    out = build_tiny_model(args.dir, verbose=True, **params)
     stamp = json.loads((out / STAMP_FILE).read_text())
     print(f"tiny model: {stamp['n_params']:,} parameters, vocab {stamp['vocab_size']}, "
           f"loss {stamp.get('final_loss', 'n/a')}, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
