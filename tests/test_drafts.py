@@ -16,6 +16,7 @@ from verl_infsample.core.text_groups import PromptGroup, load_groups, make_token
 from verl_infsample.spec.budget import DepthAcceptance, DraftBudget, RowAcceptance
 from verl_infsample.spec.group_drafter import GROUP_ARG, GroupDrafter
 from verl_infsample.spec.law_guard import LawTally, target_probabilities
+from verl_infsample.spec.source_choice import Draft, SourceChoice
 from verl_infsample.spec.trees import DraftTrees
 
 
@@ -125,6 +126,36 @@ def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth,
     assert value(budget.plan(_rows(*rates), depth=by_position)) == pytest.approx(best, rel=1e-9)
 
 
+def test_a_row_takes_the_draft_that_goes_on_else_the_one_that_won_its_partings_else_the_better_scored():
+    choice = SourceChoice()
+    group, run = Draft([1, 2, 3, 4], 1.0, "group"), Draft([1, 2], 3.0, "run")
+    assert choice.choose("a", group, run) is group  # the run's draft stops where the group's goes on
+    assert choice.choose("a", Draft([1, 2], 1.0, "group"), run) is run  # the same draft: vLLM's
+    group, run = Draft([1, 2, 7], 1.0, "group"), Draft([1, 5], 2.0, "run")
+    assert choice.choose("a", group, run) is run  # they part: the better-scored, with no partings won yet
+    for _ in range(3):  # each wins a parting in turn (the step's output: accepted tokens, one sampled, placeholders)
+        choice.choose("a", group, run)
+        choice.verified("a", [1, 5, 9, -1])  # the run's draft would have been accepted further
+        choice.choose("a", group, run)
+        choice.verified("a", [1, 2, 7, -1])  # the group's
+    assert choice.choose("a", group, run) is run  # neither ahead by the margin: the scores decide
+    for _ in range(3):
+        choice.choose("a", group, run)
+        choice.verified("a", [1, 2, 7, 8])
+    assert choice.choose("a", group, run) is group  # three more won by the group's: they overrule the scores
+    assert choice.choose("b", group, run) is run  # each row its own
+    for _ in range(40):
+        choice.choose("a", group, run)
+        choice.verified("a", [1, 5, 9, -1])
+    assert choice.choose("a", group, run) is run
+    for _ in range(12):  # old wins fade
+        choice.choose("a", group, run)
+        choice.verified("a", [1, 2, 7, 8])
+    assert choice.choose("a", group, run) is group
+    choice.forget("a")  # the request left: its record goes
+    assert choice.choose("a", group, run) is run
+
+
 def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_where_it_does_not():
     rng = random.Random(0)
     fair, skewed = LawTally(), LawTally()
@@ -169,7 +200,7 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
     assert drafter.stats.drafted == 4 and drafter.stats.accepted == 3
     assert drafter.stats.accepted_by_position == [1, 1, 1] and drafter.stats.drafted_by_position == [1, 1, 1, 1]
-    assert drafter.rows["b"].rate > 0.5
+    assert drafter.acceptance.rows["b"].rate > 0.5
     solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": rest})
     solo.propose_batch(_batch([]), [])
     solo.trees.run.evict_cached_response("x")  # only the group's tree knows the answer now

@@ -16,6 +16,7 @@ so its acceptance stays current. A sample predicted to end soon drafts no furthe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -67,6 +68,45 @@ class DepthAcceptance:
         known = min(depth, len(self.accepted))
         accepted[:known], tested[:known] = self.accepted[:known], self.tested[:known]
         return np.concatenate(([1.0], np.cumprod((accepted[1:] + ACCEPTANCE_PRIOR) / (tested[1:] + 1.0))))
+
+
+def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
+    """Draft tokens the rejection sampler kept: the leading ones equal to the row's output tokens."""
+    accepted = 0
+    while accepted < len(draft) and int(output[accepted]) == draft[accepted]:
+        accepted += 1
+    return accepted
+
+
+class AcceptanceRecord:
+    """What the rejection sampler said of the drafts so far: each running row's :class:`RowAcceptance` and the
+    batch's :class:`DepthAcceptance`, which :meth:`DraftBudget.plan` reads."""
+
+    def __init__(self, max_tokens: int):
+        self.rows: dict[Hashable, RowAcceptance] = {}
+        self.depth = DepthAcceptance(max_tokens)
+
+    def row(self, req_id: Hashable) -> RowAcceptance:
+        return self.rows.setdefault(req_id, RowAcceptance())
+
+    def forget(self, req_id: Hashable) -> None:
+        self.rows.pop(req_id, None)
+
+    def verified(self, req_ids: Sequence[Hashable], drafts: Sequence[Sequence[int]],
+                 outputs: Sequence[Sequence[int]]) -> list[int]:
+        """A step's verdicts: row i drafted ``drafts[i]`` and its output tokens are ``outputs[i]``; returns the
+        draft tokens each row had accepted (0 where it drafted nothing)."""
+        accepted, verdicts = [], []
+        for req_id, draft, output in zip(req_ids, drafts, outputs):
+            a = accepted_prefix(draft, output) if draft else 0
+            accepted.append(a)
+            if draft:
+                verdicts.append((len(draft), a))
+                if req_id in self.rows:
+                    self.rows[req_id].verified(len(draft), a)
+        if verdicts:
+            self.depth.verified(*zip(*verdicts))
+        return accepted
 
 
 @dataclass(frozen=True)

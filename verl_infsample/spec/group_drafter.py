@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .budget import DepthAcceptance, DraftBudget, RowAcceptance
+from .budget import AcceptanceRecord, DraftBudget
 from .law_guard import POSITIONS_PER_STEP, LawTally, target_probabilities
 from .trees import DraftTrees
 
@@ -65,10 +65,9 @@ class GroupDrafter:
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.budget = DraftBudget(max_tokens=self.k)
-        self.depth = DepthAcceptance(self.k)
+        self.acceptance = AcceptanceRecord(self.k)
         self.trees = trees or DraftTrees()
         self.runner = runner or _building_runner()
-        self.rows: dict[str, RowAcceptance] = {}
         self.synced: dict[str, int] = {}  # tokens of each row the trees hold (its prompt and response so far)
         self.stats = DrafterStats()
         self._guarded = None  # the rejection sampler whose verdicts we read
@@ -104,14 +103,17 @@ class GroupDrafter:
                 p = int(batch.num_prompt_tokens[i])
                 prompt = batch.token_ids_cpu[i, :p]
                 self.trees.start(req_id, hints.get(GROUP_ARG) or _prompt_key(prompt), prompt)
-                self.rows[req_id], self.synced[req_id] = RowAcceptance(), p
+                self.acceptance.forget(req_id)  # a request id used again starts afresh
+                self.acceptance.row(req_id)
+                self.synced[req_id] = p
             predicted = hints.get(PREDICTED_ARG)
             cap = self.max_model_len - n - 1
             if predicted is not None:
                 cap = min(cap, max(1, int(predicted) - (n - int(batch.num_prompt_tokens[i]))))
             decoding.append(i)
             caps.append(cap)
-        lengths = self.budget.plan([self.rows[batch.req_ids[i]] for i in decoding], caps, self.depth)
+        lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
+                                   self.acceptance.depth)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.stats.rows += len(decoding)
         for i, k in zip(decoding, lengths):
@@ -133,7 +135,7 @@ class GroupDrafter:
         seen = set(batch.req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.trees.active if r not in seen]:
             self.trees.stop(req_id)
-            self.rows.pop(req_id, None)
+            self.acceptance.forget(req_id)
             self.synced.pop(req_id, None)
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
@@ -142,29 +144,20 @@ class GroupDrafter:
     def verified(self, req_ids, draft_token_ids: list[list[int]], output_token_ids, probabilities=None) -> None:
         """The rejection sampler's verdicts on a step's drafts: row i kept the leading draft tokens equal to its
         output. ``probabilities[i]`` (target probabilities of row i's draft tokens, or None) feed the law check."""
-        verdicts = []
-        for i, draft in enumerate(draft_token_ids):
+        s = self.stats
+        accepted = self.acceptance.verified(req_ids, draft_token_ids, output_token_ids)
+        for i, (draft, a) in enumerate(zip(draft_token_ids, accepted)):
             if not draft:
                 continue
-            out = output_token_ids[i]
-            accepted = 0
-            while accepted < len(draft) and int(out[accepted]) == draft[accepted]:
-                accepted += 1
-            s = self.stats
             s.drafted += len(draft)
-            s.accepted += accepted
+            s.accepted += a
             _add(s.drafted_by_position, len(draft))
-            _add(s.accepted_by_position, accepted)
-            row = self.rows.get(req_ids[i])
-            if row is not None:
-                row.verified(len(draft), accepted)
-            verdicts.append((len(draft), accepted))
+            _add(s.accepted_by_position, a)
+            self.trees.verified(req_ids[i], output_token_ids[i])
             p = probabilities[i] if probabilities is not None else None
             if p is not None:
-                for j in range(min(accepted + 1, len(draft))):  # tested: up to and including the first rejection
-                    s.law.add(j < accepted, float(p[j]))
-        if verdicts:
-            self.depth.verified(*zip(*verdicts))
+                for j in range(min(a + 1, len(draft))):  # tested: up to and including the first rejection
+                    s.law.add(j < a, float(p[j]))
 
     def _watch_sampler(self) -> None:
         """Wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from here on

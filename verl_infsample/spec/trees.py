@@ -1,7 +1,6 @@
 """Where a draft comes from: a suffix tree per group (its siblings' responses, running and finished, and the same
 prompt's answers of earlier steps) beside vLLM's own ``suffix`` structure (the request's prompt and one global tree
-of the run's recent responses). Each row gets the longer draft where one goes on from the other, else the
-better-scored of the two.
+of the run's recent responses). Which of the two drafts a row takes, ``source_choice.SourceChoice`` says.
 
 Trees are arctic-inference's C++ suffix trees (``SuffixDecodingCache`` for vLLM's part, its ``SuffixTree`` for the
 groups). Memory is bounded: a group keeps its latest ``group_responses`` answers, and the groups together stay under
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import numpy as np
+
+from .source_choice import NO_DRAFT, Draft, SourceChoice
 
 MAX_TREE_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default: drafts match at most this many recent tokens
 MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob default
@@ -36,16 +37,6 @@ def _arctic():
         raise ImportError("suffix-tree drafts need arctic-inference: pip install 'verl-infsample[spec]' "
                           "(arctic-inference==0.3.0; on the CPU see the Makefile's setup)") from e
     return SuffixDecodingCache, SuffixTree
-
-
-@dataclass(frozen=True)
-class Draft:
-    token_ids: list[int]
-    score: float  # the tree's expected number of accepted tokens
-    source: str  # "group" | "run" (vLLM's structure: the request's prompt or the global tree) | "none"
-
-
-NO_DRAFT = Draft([], 0.0, "none")
 
 
 @dataclass
@@ -73,6 +64,7 @@ class DraftTrees:
                            min_token_prob if group_min_prob is None else group_min_prob)
         self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses)
         self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
+        self.choice = SourceChoice()
         self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
         self._tokens = 0  # in all group trees
 
@@ -113,6 +105,7 @@ class DraftTrees:
     def stop(self, req_id: Hashable) -> None:
         """The request left the batch (finished, aborted or preempted): its response stays a draft source."""
         self.run.stop_request(req_id)
+        self.choice.forget(req_id)
         group, seq = self._member.pop(req_id)
         if group is None:
             return
@@ -137,9 +130,12 @@ class DraftTrees:
         if group is not None:
             self.groups.move_to_end(group)
             d = self.groups[group].tree.speculate_ndarray(context, max_tokens, *self.group_spec, False)
-            ours = Draft(list(d.token_ids), d.score, "group")
-            best = _better(ours, best)
+            best = self.choice.choose(req_id, Draft(list(d.token_ids), d.score, "group"), best)
         return best if best.token_ids else NO_DRAFT
+
+    def verified(self, req_id: Hashable, output: Sequence[int]) -> None:
+        """The step's output tokens of a row that drafted: what its next tokens were, for the choice of source."""
+        self.choice.verified(req_id, output)
 
     def group_memory(self) -> int:
         """The group trees' bytes, at ``TREE_BYTES_PER_TOKEN``."""
@@ -156,14 +152,6 @@ class DraftTrees:
             del self.groups[key]
             if self.group_memory() <= self.group_bytes:
                 return
-
-
-def _better(a: Draft, b: Draft) -> Draft:
-    """Where one draft goes on from the other, the longer (both sources agree so far); else the better-scored."""
-    short, long = sorted((a, b), key=lambda x: len(x.token_ids))
-    if long.token_ids[:len(short.token_ids)] == short.token_ids:
-        return long if len(long.token_ids) > len(short.token_ids) else b
-    return a if a.score > b.score else b
 
 
 def _int32(tokens) -> np.ndarray:

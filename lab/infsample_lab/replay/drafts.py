@@ -175,25 +175,22 @@ class SyntheticDrafter:
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
     def __init__(self, setup: DraftSetup, token_of):
-        from verl_infsample.spec.budget import DepthAcceptance, DraftBudget
+        from verl_infsample.spec.budget import AcceptanceRecord, DraftBudget
 
         self.setup = setup
         self.token_of = token_of
         self.budget = DraftBudget(max_tokens=setup.tokens) if setup.method == "group" else None
-        self.depth = DepthAcceptance(setup.tokens)
-        self.rows: dict = {}
+        self.acceptance = AcceptanceRecord(setup.tokens)
         self.rng = np.random.default_rng(setup.seed)
         self.proposing_rows = 0
 
     def propose(self, batch: OfflineBatch, sampled: list[list[int]], requests=None) -> list[list[int]]:
-        from verl_infsample.spec.budget import RowAcceptance
-
         decoding = [i for i, out in enumerate(sampled) if out]
         done = {i: requests[batch.req_ids[i]].num_output_tokens for i in decoding}
         caps = [requests[batch.req_ids[i]].max_tokens - done[i] - 1 for i in decoding]  # one is sampled after them
         if self.budget is not None:
-            lengths = self.budget.plan([self.rows.setdefault(batch.req_ids[i], RowAcceptance()) for i in decoding],
-                                       caps, self.depth)
+            lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
+                                       self.acceptance.depth)
         else:
             lengths = [min(self.setup.tokens, cap) for cap in caps]
         drafts: list[list[int]] = [[] for _ in sampled]
@@ -206,20 +203,9 @@ class SyntheticDrafter:
             truth = [self.token_of(rid, done[i] + j) for j in range(min(k, accepted + 1))]
             draft = truth[:accepted] + [truth[accepted] + 1] if accepted < k else truth
             drafts[i] = draft + [0] * (k - len(draft))
-        for rid in [r for r in self.rows if r not in batch.req_id_to_index]:
-            del self.rows[rid]
+        for rid in [r for r in self.acceptance.rows if r not in batch.req_id_to_index]:
+            self.acceptance.forget(rid)
         return drafts
 
     def verified(self, req_ids, drafts, outputs) -> None:
-        verdicts = []
-        for rid, draft, out in zip(req_ids, drafts, outputs):
-            row = self.rows.get(rid)
-            if row is None:
-                continue
-            accepted = 0
-            while accepted < len(draft) and out[accepted] == draft[accepted]:
-                accepted += 1
-            row.verified(len(draft), accepted)
-            verdicts.append((len(draft), accepted))
-        if verdicts:
-            self.depth.verified(*zip(*verdicts))
+        self.acceptance.verified(req_ids, drafts, outputs)
