@@ -73,7 +73,7 @@ class DepthAcceptance:
 def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
     """Draft tokens the rejection sampler kept: the leading ones equal to the row's output tokens."""
     accepted = 0
-    while accepted < len(draft) and int(output[accepted]) == draft[accepted]:
+    while accepted < min(len(draft), len(output)) and int(output[accepted]) == draft[accepted]:
         accepted += 1
     return accepted
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from itertools import takewhile
 from typing import Hashable, Sequence
 
+from .budget import accepted_prefix
+
 WIN_MEMORY = 0.9  # weight of a row's past wins per parting
 WIN_MARGIN = 2.0  # (decayed) wins one source needs over the other before it overrules the scores
 
@@ -57,7 +59,7 @@ class SourceChoice:
         if offered is None or offered[0].token_ids == offered[1].token_ids:
             return
         known = list(takewhile(lambda t: t >= 0, (int(t) for t in output)))
-        group, run = (_matched(d.token_ids, known) for d in offered)
+        group, run = (accepted_prefix(d.token_ids, known) for d in offered)
         won = self._rows.setdefault(req_id, _Partings())
         won.group = self.memory * won.group + (group > run)
         won.run = self.memory * won.run + (run > group)
@@ -66,9 +68,3 @@ class SourceChoice:
         self._rows.pop(req_id, None)
         self._offered.pop(req_id, None)
 
-
-def _matched(draft: Sequence[int], known: Sequence[int]) -> int:
-    n = 0
-    while n < len(draft) and n < len(known) and draft[n] == known[n]:
-        n += 1
-    return n
