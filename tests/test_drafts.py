@@ -199,7 +199,8 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     assert drafts == [answer[3:7]]  # same prompt: its group
     drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
     assert drafter.stats.drafted == 4 and drafter.stats.accepted == 3
-    assert drafter.stats.accepted_by_position == [1, 1, 1] and drafter.stats.drafted_by_position == [1, 1, 1, 1]
+    depth = drafter.acceptance.depth  # by position: accepted, and tested (up to and including the first rejection)
+    assert depth.accepted.tolist() == [1, 1, 1, 0] and depth.tested.tolist() == [1, 1, 1, 1]
     assert drafter.acceptance.rows["b"].rate > 0.5
     solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": rest})
     solo.propose_batch(_batch([]), [])

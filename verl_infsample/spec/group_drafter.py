@@ -41,8 +41,6 @@ class DrafterStats:
     proposing_rows: int = 0  # rows the budget let propose
     drafted: int = 0  # draft tokens verified
     accepted: int = 0
-    drafted_by_position: list[int] = field(default_factory=list)
-    accepted_by_position: list[int] = field(default_factory=list)
     from_group: int = 0  # drafts taken from the group's tree (the rest from the prompt or the run's tree)
     propose_s: float = 0.0
     drafting_s: float = 0.0  # of which spent on the rows that drafted (their trees brought up to date, the draft)
@@ -151,8 +149,6 @@ class GroupDrafter:
                 continue
             s.drafted += len(draft)
             s.accepted += a
-            _add(s.drafted_by_position, len(draft))
-            _add(s.accepted_by_position, a)
             self.trees.verified(req_ids[i], output_token_ids[i])
             p = probabilities[i] if probabilities is not None else None
             if p is not None:
@@ -223,13 +219,6 @@ class GroupDrafter:
             out[i] = p[at:at + n].tolist()
             at += n
         return out
-
-
-def _add(counts: list[int], upto: int) -> None:
-    if len(counts) < upto:
-        counts.extend([0] * (upto - len(counts)))
-    for j in range(upto):
-        counts[j] += 1
 
 
 def _hints(request) -> dict:
