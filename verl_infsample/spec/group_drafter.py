@@ -102,7 +102,6 @@ class GroupDrafter:
                 prompt = batch.token_ids_cpu[i, :p]
                 self.trees.start(req_id, hints.get(GROUP_ARG) or _prompt_key(prompt), prompt)
                 self.acceptance.forget(req_id)  # a request id used again starts afresh
-                self.acceptance.row(req_id)
                 self.synced[req_id] = p
             predicted = hints.get(PREDICTED_ARG)
             cap = self.max_model_len - n - 1
