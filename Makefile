@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 # The local CPU torch wheel: uv installs it from pip's wheel folder ($PIP_FIND_LINKS, which uv does not read by
-# itself) where that folder holds it, pip otherwise (a third of uv's speed); uv installs the rest, faster than pip. Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set, no import writes it, and
-# every process of a run would compile verl, vLLM and transformers afresh (a trainer launch took 1.8x as long)
+# itself) where that folder holds it, pip otherwise (a third of uv's speed); uv installs the rest, faster than pip.
+# Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set, no import writes it, and every process of a
+# run would compile verl, vLLM and transformers afresh (a trainer launch took 1.8x as long).
 # uv leaves lock files in its temporary folder: it gets one of its own, inside .venv/, removed once setup is done.
 UV_TMP := $(abspath $(VENV))/uv-tmp
 UV := TMPDIR=$(UV_TMP) $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode
