@@ -389,3 +389,29 @@ def test_a_replay_that_fails_midway_ends_its_pool_and_the_next_one_runs():
         kept.apply(len, ((),))
     after, _ = runner.replay(trace, config)
     assert [asdict(r) for r in after] == [asdict(r) for r in before]
+
+
+def _write_then_read_config(rounds: int) -> int:
+    """Writes the replay's model config and reads it back, ``rounds`` times; counts the reads that found it torn."""
+    from infsample_lab.replay import vllm_replica
+
+    torn = 0
+    for _ in range(rounds):
+        vllm_replica._CONFIG_DIRS.clear()
+        folder = Path(vllm_replica.model_config_dir(MODELS["qwen3-8b"]))
+        try:
+            json.loads((folder / "config.json").read_text())
+        except json.JSONDecodeError:
+            torn += 1
+    return torn
+
+
+def test_replays_in_parallel_processes_never_read_a_half_written_model_config(tmp_path, monkeypatch):
+    import multiprocessing
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        torn = pool.map(_write_then_read_config, [300] * 4)
+    assert sum(torn) == 0
+    assert [p.name for p in (tmp_path / f"infsample-replay-{os.getuid()}" / "qwen3-8b").iterdir()] == ["config.json"]

@@ -116,7 +116,11 @@ def model_config_dir(model: ModelShape) -> str:
     if model.name not in _CONFIG_DIRS:
         folder = Path(tempfile.gettempdir()) / f"infsample-replay-{os.getuid()}" / model.name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(model.hf_config()))
+        # Replays run in parallel processes that share this folder: each writes its own file and renames it into
+        # place, so no reader ever sees a half-written config.
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as staged:
+            staged.write(json.dumps(model.hf_config()))
+        os.replace(staged.name, folder / "config.json")
         _CONFIG_DIRS[model.name] = str(folder)
     return _CONFIG_DIRS[model.name]
 
