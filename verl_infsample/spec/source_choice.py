@@ -35,6 +35,8 @@ class _Partings:
 
 
 class SourceChoice:
+    """Each running row's choice between its two drafts, and the partings each source has won for it."""
+
     def __init__(self, *, memory: float = WIN_MEMORY, margin: float = WIN_MARGIN):
         self.memory, self.margin = memory, margin
         self._rows: dict[Hashable, _Partings] = {}
@@ -67,4 +69,3 @@ class SourceChoice:
     def forget(self, req_id: Hashable) -> None:
         self._rows.pop(req_id, None)
         self._offered.pop(req_id, None)
-
