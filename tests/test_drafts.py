@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from infsample_lab.bench.drafters import OfflineBatch, evaluate
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
 from verl_infsample.spec.budget import DepthAcceptance, DraftBudget, RowAcceptance
-from verl_infsample.spec.group_drafter import GROUP_ARG, GroupDrafter
+from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG, GroupDrafter
 from verl_infsample.spec.law_guard import LawTally, target_probabilities
 from verl_infsample.spec.source_choice import Draft, SourceChoice
 from verl_infsample.spec.trees import DraftTrees
@@ -208,6 +208,27 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     assert solo.propose_batch(_batch([("y", [9, *answer[:2]], answer[2:4])]), [answer[3:4]],
                               {"y": rest}) == [answer[4:8]]
     assert solo.stats.from_group == 1 and solo.pop_stats().proposing_rows == 2 and solo.stats.rows == 0
+
+
+
+def test_a_sample_drafts_to_its_predicted_end_and_past_it_once_it_outlives_its_prediction():
+    class Config:
+        speculative_config = type("S", (), {"num_speculative_tokens": 4})
+        model_config = type("M", (), {"max_model_len": 64})
+
+    def told(predicted):
+        return type("R", (), {"sampling_params": type("P", (), {"extra_args": {GROUP_ARG: "g",
+                                                                                PREDICTED_ARG: predicted}})})()
+
+    drafter = GroupDrafter(Config(), runner=object())
+    answer = list(range(50, 62))
+    drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], {"a": told(12)})  # a sibling's answer
+    drafter.propose_batch(_batch([]), [])
+    rows = _batch([("near", [1, 2], answer[:3]), ("over", [1, 2], answer[:3])])
+    drafts = drafter.propose_batch(rows, [answer[2:3]] * 2, {"near": told(5), "over": told(2)})
+    # 3 generated: "near" ends in 2 more tokens by its prediction; "over" has outlived its prediction, which then
+    # says nothing of how far it goes
+    assert drafts == [answer[3:5], answer[3:7]]
 
 
 def _groups_file(tmp_path, shared: bool):

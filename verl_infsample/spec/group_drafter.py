@@ -105,8 +105,9 @@ class GroupDrafter:
                 self.synced[req_id] = p
             predicted = hints.get(PREDICTED_ARG)
             cap = self.max_model_len - n - 1
-            if predicted is not None:
-                cap = min(cap, max(1, int(predicted) - (n - int(batch.num_prompt_tokens[i]))))
+            left = int(predicted) - (n - int(batch.num_prompt_tokens[i])) if predicted is not None else 0
+            if left > 0:  # a sample that outlived its prediction: the prediction no longer bounds it
+                cap = min(cap, left)
             decoding.append(i)
             caps.append(cap)
         lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
