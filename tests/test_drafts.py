@@ -175,6 +175,17 @@ def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_w
     assert p[0] == pytest.approx(float(top2[1])) and p[1] == pytest.approx(0.25)
 
 
+class _DrafterConfig:
+    """The parts of vLLM's config the drafter reads."""
+    speculative_config = type("S", (), {"num_speculative_tokens": 4})
+    model_config = type("M", (), {"max_model_len": 64})
+
+
+def _request(**extra_args):
+    """A request as the drafter sees it: what the server told it in its sampling parameters' ``extra_args``."""
+    return type("R", (), {"sampling_params": type("P", (), {"extra_args": extra_args})})()
+
+
 def _batch(rows):
     batch = OfflineBatch(len(rows), 64)
     for req_id, prompt, output in rows:
@@ -184,17 +195,13 @@ def _batch(rows):
 
 
 def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_from_verdicts():
-    class Config:
-        speculative_config = type("S", (), {"num_speculative_tokens": 4})
-        model_config = type("M", (), {"max_model_len": 64})
-
-    drafter = GroupDrafter(Config(), runner=object())
+    drafter = GroupDrafter(_DrafterConfig(), runner=object())
     answer = [50, 51, 52, 53, 54, 55, 56, 57]
     drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]])  # a sibling decoded the whole answer
     drafter.propose_batch(_batch([]), [])  # ... and left
     # a probe's rest: its prompt carries its first tokens, the server names its group
-    rest = type("R", (), {"sampling_params": type("P", (), {"extra_args": {GROUP_ARG: "g"}})})()
-    solo = GroupDrafter(Config(), runner=object())
+    rest = _request(**{GROUP_ARG: "g"})
+    solo = GroupDrafter(_DrafterConfig(), runner=object())
     drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:3])]), [answer[2:3]])
     assert drafts == [answer[3:7]]  # same prompt: its group
     drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
@@ -210,17 +217,11 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     assert solo.stats.from_group == 1 and solo.pop_stats().proposing_rows == 2 and solo.stats.rows == 0
 
 
-
 def test_a_sample_drafts_to_its_predicted_end_and_past_it_once_it_outlives_its_prediction():
-    class Config:
-        speculative_config = type("S", (), {"num_speculative_tokens": 4})
-        model_config = type("M", (), {"max_model_len": 64})
-
     def told(predicted):
-        return type("R", (), {"sampling_params": type("P", (), {"extra_args": {GROUP_ARG: "g",
-                                                                                PREDICTED_ARG: predicted}})})()
+        return _request(**{GROUP_ARG: "g", PREDICTED_ARG: predicted})
 
-    drafter = GroupDrafter(Config(), runner=object())
+    drafter = GroupDrafter(_DrafterConfig(), runner=object())
     answer = list(range(50, 62))
     drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], {"a": told(12)})  # a sibling's answer
     drafter.propose_batch(_batch([]), [])

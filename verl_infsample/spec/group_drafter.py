@@ -106,7 +106,7 @@ class GroupDrafter:
             predicted = hints.get(PREDICTED_ARG)
             cap = self.max_model_len - n - 1
             left = int(predicted) - (n - int(batch.num_prompt_tokens[i])) if predicted is not None else 0
-            if left > 0:  # a sample that outlived its prediction: the prediction no longer bounds it
+            if left > 0:  # no further than its predicted end; one that outlived it is bounded by its room alone
                 cap = min(cap, left)
             decoding.append(i)
             caps.append(cap)
