@@ -41,7 +41,7 @@ def test_distributions_have_the_documented_shape():
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"prompt_id": "a", "prompt_len": 3', "not valid JSON"),
+    ('{"prompt_id": "a", "prompt_len": 3', "not JSON"),
     ('[1, 2]', "expected a JSON object"),
     ('{"prompt_len": 3, "lengths": [1]}', "missing field 'prompt_id'"),
     ('{"prompt_id": "a", "prompt_len": -1, "lengths": [1]}', "'prompt_len' must be an integer >= 0"),
@@ -103,3 +103,46 @@ def test_odd_traces_are_read_or_refused_by_name_never_crash(tmp_path):
             assert f"{path}:1" in str(e)
             refused += 1
     assert refused > 300 and read + refused == 400
+
+
+# Unicode line breaks that str.splitlines honours and JSON Lines does not: real model output holds them raw.
+LINE_BREAKS_INSIDE_TEXT = "\u2028\u2029\u0085\x1c\x1d\x1e\x0b\x0c"
+
+
+def _groups_with_line_breaks(path):
+    rows = [{"prompt_id": f"p{i}", "prompt": f"question{LINE_BREAKS_INSIDE_TEXT}{i}",
+             "responses": [f"step one{c}step two {j} done" for j, c in enumerate(LINE_BREAKS_INSIDE_TEXT)]}
+            for i in range(3)]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def test_json_lines_end_at_a_line_feed_only(tmp_path):
+    from verl_infsample.core.trace import json_lines
+
+    path = tmp_path / "dump.jsonl"
+    records = [{"input": "q\u2028r", "output": f"a{c}b", "step": 1} for c in LINE_BREAKS_INSIDE_TEXT]
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\r\n\n", encoding="utf-8")
+    got = list(json_lines(path, "rows"))
+    assert [obj for _, obj in got] == records
+    assert [where for where, _ in got] == [f"{path}:{n}" for n in range(1, len(records) + 1)]
+    path.write_bytes(b'{"a": "\xff"}\n')
+    with pytest.raises(TraceError, match="not UTF-8"):
+        list(json_lines(path, "rows"))
+
+
+def test_trace_from_text_and_eval_drafter_read_text_with_unicode_line_breaks(tmp_path, capsys):
+    from verl_infsample.cli import main
+
+    groups = tmp_path / "g.jsonl"
+    rows = _groups_with_line_breaks(groups)
+    out = tmp_path / "t.jsonl"
+    assert main(["trace", "from-text", "--groups", str(groups), "--tokenizer", "words", "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert [p.prompt_id for p in trace] == [r["prompt_id"] for r in rows]
+    assert all(len(p.lengths) == len(LINE_BREAKS_INSIDE_TEXT) for p in trace)
+    capsys.readouterr()
+    assert main(["eval-drafter", "--groups", str(groups), "--tokenizer", "words", "--drafter", "ngram",
+                 "--json"]) == 0
+    (result,) = [json.loads(line) for line in capsys.readouterr().out.split("\n") if line.strip()]
+    assert result["responses"] == 3 * len(LINE_BREAKS_INSIDE_TEXT)

@@ -6,11 +6,10 @@ whose samples keep their tokens (the replay verifies drafts against them).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .trace import TracePrompt
+from .trace import TracePrompt, json_lines
 
 
 @dataclass
@@ -45,24 +44,15 @@ def make_tokenizer(spec: str):
 def load_groups(path: str | Path, tokenize) -> list[PromptGroup]:
     """The file's prompts, tokenized; empty responses are dropped, a prompt with none is skipped."""
     groups = []
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ValueError(f"--groups {path}: cannot read it ({e.strerror})") from None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    expected = '{"prompt_id", "prompt", "responses": [...]}'
+    for where, row in json_lines(path, expected, error=ValueError):
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{n}: expected an object with prompt_id, prompt, responses")
+            raise ValueError(f"{where}: expected an object with prompt_id, prompt, responses")
         missing = [k for k in ("prompt_id", "prompt", "responses") if k not in row]
         if missing:
-            raise ValueError(f"{path}:{n}: missing key {missing[0]!r}; each line needs prompt_id, prompt, responses")
+            raise ValueError(f"{where}: missing key {missing[0]!r}; each line needs prompt_id, prompt, responses")
         if not isinstance(row["responses"], list) or not all(isinstance(r, str) for r in row["responses"]):
-            raise ValueError(f"{path}:{n}: responses must be a list of strings")
+            raise ValueError(f"{where}: responses must be a list of strings")
         responses = [t for t in (tokenize(r) for r in row["responses"]) if t]
         if responses:
             groups.append(PromptGroup(str(row["prompt_id"]), tokenize(str(row["prompt"])), responses))

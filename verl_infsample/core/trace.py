@@ -69,21 +69,28 @@ def read_trace(path: str | Path) -> list[TracePrompt]:
     return prompts
 
 
-def json_lines(path: Path, expected: str):
+def json_lines(path: str | Path, expected: str, error: type[ValueError] = TraceError):
     """(``file:line``, parsed object) for each non-blank line of a JSON Lines file; a line that is not JSON raises
-    a ``TraceError`` naming the file, the line and what was ``expected``."""
+    ``error`` naming the file, the line and what was ``expected``.
+
+    A record ends at a line feed only: real model text holds U+2028, U+0085 and other Unicode line breaks inside
+    its strings, where ``str.splitlines`` (and so a reader built on it) would cut the record in two.
+    """
     try:
-        text = path.read_text()
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
     except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
+        raise error(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected {expected}") from None
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         try:
             yield where, json.loads(line)
         except json.JSONDecodeError as e:
-            raise TraceError(f"{where}: not valid JSON ({e.msg}); expected {expected}") from None
+            raise error(f"{where}: not JSON ({e.msg}); expected {expected}") from None
 
 
 def _parse_prompt(obj, where: str) -> TracePrompt:
