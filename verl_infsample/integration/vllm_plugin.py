@@ -1,6 +1,7 @@
-"""vLLM's ``vllm.general_plugins`` entry point: the opt-in CPU patches of ``patches/vllm_cpu_*.py``, and on any CPU
-the fix to vLLM's CPU rejection sampler (``patches/vllm_cpu_expand_kernel.py``), without which drafts change what is
-sampled.
+"""vLLM's ``vllm.general_plugins`` entry point: the opt-in CPU patches of ``patches/vllm_cpu_*.py``; on any CPU the
+fix to vLLM's CPU rejection sampler (``patches/vllm_cpu_expand_kernel.py``), without which drafts change what is
+sampled; on any device the patches every vLLM needs where verl 0.9.1 meets it (``VLLM_ANY_DEVICE``: verl's pause
+keyword on vLLM 0.32, a no-op on 0.24).
 
 vLLM calls :func:`load` in every process it starts (the engine core, each worker) and in the one that builds the
 engine, before it builds a model, so a patch reaches code that runs far from the process that asked for it. Without
@@ -16,21 +17,29 @@ _loaded = False
 
 
 EXACT_SAMPLING_PATCH = "vllm_cpu_expand_kernel.py"  # vLLM's CPU rejection sampler: armed on every CPU, opt-in or not
+VLLM_ANY_DEVICE = "vllm_pause_generation.py"  # armed on every device; each patch's ``needed`` says where it acts
+
+
+def armed_here() -> list[str]:
+    """The ``patches/`` files this process arms in vLLM: verl's pause keyword on every device, the CPU patches on
+    opt-in, the sampler fix on any CPU."""
+    from .cpu import VLLM_PATCHES, opted_in
+
+    if opted_in():
+        return [VLLM_ANY_DEVICE, VLLM_PATCHES]
+    return [VLLM_ANY_DEVICE] + ([EXACT_SAMPLING_PATCH] if _vllm_on_cpu() else [])
 
 
 def load() -> None:
     global _loaded
     if _loaded:
         return
-    from .cpu import PATCHES_DIR, VLLM_PATCHES, arm_patches, opted_in
+    from .cpu import arm_patches
 
     _loaded = True
-    if opted_in():
-        arm_patches(VLLM_PATCHES)
-        logger.info("verl-infsample: vLLM CPU patches armed (%s)", VLLM_PATCHES)
-    elif _vllm_on_cpu() and (PATCHES_DIR / EXACT_SAMPLING_PATCH).is_file():
-        arm_patches(EXACT_SAMPLING_PATCH)  # drafts verified on the CPU must keep the sampled law
-        logger.info("verl-infsample: vLLM's CPU rejection sampler patched (%s)", EXACT_SAMPLING_PATCH)
+    for pattern in armed_here():
+        arm_patches(pattern)
+    logger.info("verl-infsample: vLLM patches armed (%s)", ", ".join(armed_here()))
 
 
 def _vllm_on_cpu() -> bool:

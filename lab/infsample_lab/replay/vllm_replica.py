@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from verl_infsample.integration.vllm_versions import scheduler_request_limit
+
 from .hardware import ModelShape, StepCostModel
 
 if TYPE_CHECKING:
@@ -379,7 +381,7 @@ class ReplicaReplay:
         s = self.scheduler
         running = s.running
         waiting = s.get_request_counts()[1]
-        if not running or (waiting and len(running) < s.max_num_active_reqs and not self._admission_blocked):
+        if not running or (waiting and len(running) < scheduler_request_limit(s) and not self._admission_blocked):
             return  # nothing runs, or a waiting request might be admitted
         if any(r.num_computed_tokens != r.num_tokens - 1 or r.spec_token_ids for r in running):
             return  # a row still prefills (or drafts): its step is not a decode step

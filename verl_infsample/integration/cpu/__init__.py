@@ -30,7 +30,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 ENV_OPT_IN = "VERL_INFSAMPLE_CPU"
-PATCHES_DIR = Path(__file__).resolve().parents[3] / "patches"
+# The repository's patches/, shipped inside the package as verl_infsample/patches (a link in the checkout)
+PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 VERL_PATCHES = "verl_cpu_*.py"  # applied by activate(), when verl imports each target
 VLLM_PATCHES = "vllm_cpu_*.py"  # applied by verl_infsample.integration.vllm_plugin, in every vLLM process
 
@@ -44,9 +45,9 @@ def opted_in(environ=None) -> bool:
 
 
 def load_patches(pattern: str = VERL_PATCHES) -> list[ModuleType]:
-    """The patch modules matching ``pattern``, loaded from their files (``patches/`` is not an installed package)."""
+    """The patch modules matching ``pattern``, loaded from their files, each under a name of its own."""
     if not PATCHES_DIR.is_dir():
-        raise RuntimeError(f"{ENV_OPT_IN}: the CPU patches are not at {PATCHES_DIR}; run from a source checkout")
+        raise RuntimeError(f"the plugin's patches are not at {PATCHES_DIR}: reinstall verl-infsample (README, Install)")
     mods = []
     for path in sorted(PATCHES_DIR.glob(pattern)):
         name = f"verl_infsample_patches.{path.stem}"
@@ -114,21 +115,52 @@ class PatchMismatch(RuntimeError):
     """A patch's target is not the code the patch was written for (another verl or vLLM version)."""
 
 
+def pinned_sha256(patch) -> str | None:
+    """The sha256 the patch expects of its target here: its one pin (verl's patches, for verl 0.9.1), or for
+    vLLM's patches the pin of the installed vLLM's series (``{"0.24": ..., "0.32": ...}``), None where it has none."""
+    pins = patch.SOURCE_SHA256
+    if isinstance(pins, str):
+        return pins
+    from ..vllm_versions import installed_version, series
+
+    version = installed_version()
+    return pins.get(series(version)) if version else None
+
+
+def needed(patch, module) -> bool:
+    """Whether the patch has anything to change in ``module`` (a patch may say no, e.g. on a vLLM that already takes
+    verl's keyword); a patch without ``needed`` is always needed."""
+    return getattr(patch, "needed", lambda _module: True)(module)
+
+
+def took(patch, module) -> bool:
+    """Whether the patch is in place in ``module``: its own ``took`` where it has one, else its target carries the
+    mark :func:`wrap_once` leaves."""
+    if hasattr(patch, "took"):
+        return patch.took(module)
+    _, target = resolve(patch.TARGET)
+    return getattr(target, "_infsample_cpu", False)
+
+
 def applying(patch):
     """``patch.apply(module)``, once the patched code is checked to be the code the patch was written for; on another
     version it refuses, naming the patch file and its target."""
 
     def apply(module) -> None:
+        if not needed(patch, module):
+            logger.debug("verl-infsample: %s not needed here", Path(patch.__file__).name)
+            return
+        expected = pinned_sha256(patch)
         try:
             _, target = resolve(patch.TARGET)
             found = source_sha256(target)
         except (AttributeError, OSError, TypeError) as e:
             found = f"unreadable ({e})"
-        if found != patch.SOURCE_SHA256:
+        if found != expected:
             raise PatchMismatch(
                 f"patches/{Path(patch.__file__).name}: {patch.TARGET} is not the code this patch was written for "
-                f"(sha256 {found}, expected {patch.SOURCE_SHA256}); install the pinned version (the Makefile) or "
-                f"re-read the patch against this code, or run without {ENV_OPT_IN}")
+                f"(sha256 {found}, expected {expected or 'a pin for this version: none'}); install a supported "
+                f"version (README, Install) or re-read the patch against this code, or run without {ENV_OPT_IN}")
         patch.apply(module)
 
     return apply
