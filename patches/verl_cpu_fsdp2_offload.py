@@ -28,3 +28,8 @@ def apply(module) -> None:
         return CPUOffloadPolicy
 
     wrap_once(module, "CPUOffloadPolicy", wrap)
+
+
+def took(module) -> bool:
+    """The module's global is rebound (its target method is not wrapped)."""
+    return module.CPUOffloadPolicy is None or getattr(module.CPUOffloadPolicy, "_infsample_cpu", False)

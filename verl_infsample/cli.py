@@ -5,6 +5,7 @@
     infsample trace synth --rl --prompts 512 --group-size 16 --max-len 16384 --steps 2 --seed 0 --out rl.jsonl
     infsample trace from-verl DUMP_DIR --tokenizer MODEL_DIR [--keep-tokens] --out run.jsonl
     infsample trace from-text --groups G.jsonl --tokenizer words|MODEL_DIR [--history H] --out T.jsonl
+    infsample doctor [--json]
 
 The lab (``lab/``, installed by ``make setup``) adds its commands here: ``replay``, ``bench-verl``,
 ``bench-engine``, ``eval-predictor``, ``make-tiny-model``.
@@ -89,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", help="write a PNG of KV tokens in use over decode steps, per policy")
     sim.set_defaults(func=_cmd_simulate)
 
+    doctor = sub.add_parser("doctor", help="check the set-up before a long job: versions, the plugin's entry point, "
+                                           "vLLM and its APIs, the patches, GPUs; exit 1 naming each fault and its fix")
+    doctor.add_argument("--json", action="store_true", help="one JSON object")
+    doctor.set_defaults(func=_cmd_doctor)
+
     for command in _plugged_in_commands():
         command.load()(sub)
     return p
@@ -103,6 +109,14 @@ def _plugged_in_commands():
     from importlib.metadata import entry_points
 
     return sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
+
+
+def _cmd_doctor(args) -> int:
+    from .doctor import diagnose, format_report
+
+    report = diagnose()
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return 0 if report.ok else 1
 
 
 def _cmd_synth(args) -> int:
