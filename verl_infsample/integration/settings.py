@@ -18,8 +18,9 @@ ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollou
 SPECULATIVE = ("off", "ngram", "suffix", "group")  # drafts verified by vLLM (spec.GroupDrafter for group)
 MAX_SPECULATIVE_TOKENS = 32
 NEEDS_ARCTIC = ("suffix", "group")  # their suffix trees are arctic-inference's
-SPEC_INSTALL_HINT = ("pip install 'verl-infsample[spec]' (arctic-inference==0.3.0; from a source checkout on the CPU, "
-                     "make setup installs it)")
+# arctic-inference 0.3.0 is a source build (C++); an isolated build would fetch a second torch
+SPEC_INSTALL_HINT = ("pip install setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools protobuf && "
+                     "pip install arctic-inference==0.3.0 --no-build-isolation (make setup does it on the CPU)")
 
 
 class SettingsError(ValueError):

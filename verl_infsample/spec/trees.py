@@ -34,8 +34,8 @@ def _arctic():
         from arctic_inference.suffix_decoding import SuffixDecodingCache
         from arctic_inference.suffix_decoding._C import SuffixTree
     except ImportError as e:  # the settings refuse drafts that need it before anything starts; this is the backstop
-        raise ImportError("suffix-tree drafts need arctic-inference: pip install 'verl-infsample[spec]' "
-                          "(arctic-inference==0.3.0; on the CPU see the Makefile's setup)") from e
+        raise ImportError("suffix-tree drafts need arctic-inference 0.3.0, a source build: README, Install "
+                          "(`infsample doctor` names the commands)") from e
     return SuffixDecodingCache, SuffixTree
 
 
