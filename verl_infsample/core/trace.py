@@ -74,7 +74,7 @@ def json_lines(path: str | Path, expected: str, error: type[ValueError] = TraceE
     ``error`` naming the file, the line and what was ``expected``.
 
     A record ends at a line feed only: real model text holds U+2028, U+0085 and other Unicode line breaks inside
-    its strings, where ``str.splitlines`` (and so a reader built on it) would cut the record in two.
+    its strings, where a reader that breaks lines on every Unicode line break would cut the record in two.
     """
     try:
         with open(path, encoding="utf-8", newline="") as f:

@@ -68,7 +68,7 @@ def report_main(run, parse, argv=None) -> int:
         if not a.plot:
             raise SystemExit("--plot-from REPORT.json needs --plot FILE.png")
         try:
-            report = json.loads(Path(a.plot_from).read_text().strip().splitlines()[-1])
+            report = json.loads(Path(a.plot_from).read_text().strip().split("\n")[-1])
         except (OSError, ValueError, IndexError) as e:
             raise SystemExit(f"--plot-from {a.plot_from}: not a GPU check report ({e})") from None
         _draw(report, a.plot)
