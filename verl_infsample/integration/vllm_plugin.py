@@ -37,9 +37,10 @@ def load() -> None:
     from .cpu import arm_patches
 
     _loaded = True
-    for pattern in armed_here():
+    patterns = armed_here()
+    for pattern in patterns:
         arm_patches(pattern)
-    logger.info("verl-infsample: vLLM patches armed (%s)", ", ".join(armed_here()))
+    logger.info("verl-infsample: vLLM patches armed (%s)", ", ".join(patterns))
 
 
 def _vllm_on_cpu() -> bool:
