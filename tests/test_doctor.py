@@ -30,13 +30,14 @@ def test_doctor_on_this_setup_is_all_well_and_names_each_part(capsys):
     assert report["versions"]["verl"] == "0.9.1" and "cpu" in report["versions"]["vllm"]
     parts = _findings(report)
     assert {"python", "verl", "transferqueue", "plugin entry point", "vllm", "vllm APIs",
-            "patch vllm_cpu_expand_kernel.py", "patch vllm_pause_generation.py", "arctic-inference"} <= set(parts)
+            "patch vllm_cpu_sampler_expand.py",
+            "patch vllm_cpu_sampler_recovered_tokens.py", "patch vllm_pause_generation.py", "arctic-inference"} <= set(parts)
     assert "registered" in parts["plugin entry point"]["detail"]
     assert report["gpus"] == []
     assert report["resolves"]["custom.engine=auto"] == "transformers"  # no GPU here
     assert "custom_class" in report["resolves"]["custom.speculative=group"]
     table = doctor.format_report(doctor.diagnose())
-    assert table.splitlines()[-1] == "all well" and "patch vllm_cpu_expand_kernel.py" in table
+    assert table.splitlines()[-1] == "all well" and "patch vllm_cpu_sampler_expand.py" in table
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Drafts keep the sampled law: vLLM's rejection sampler verifies draft tokens so that what is sampled is the
 model's distribution, at temperature 1 and with top-p. On the CPU that holds only with the sampler fix
-(``patches/vllm_cpu_expand_kernel.py``); without it the same samples move by many standard errors.
+(``patches/vllm_cpu_sampler_*.py``); without it the same samples move by many standard errors.
 
 Many samples of the tiny model per prompt, drafts (the plugin's ``GroupDrafter``) on and off, seeded per request (each
 run its own seeds, so the two samples are independent, and the same on every run); each sample's length and mean
@@ -26,11 +26,15 @@ Z_LIMIT = 4.0  # a family of 12 comparisons (3 prompts x 2 settings x 2 statisti
 
 
 def _sample(model_dir: str, drafts: str, plugins: bool = True, seed: int = 0) -> dict:
+    """``plugins=False``: vLLM loads no plugin, so the expand fix is not armed; the recovered-token fix is (without it
+    vllm-cpu 0.24 stops at the first rejected draft, and 0.32 needs none)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(REPO)}
+    arm = []
     if not plugins:
         env["VLLM_PLUGINS"] = "none-loaded"  # vLLM loads only the general plugins it names: here, none
+        arm = ["--arm", "vllm_cpu_sampler_recovered_tokens.py"]
     proc = subprocess.run([sys.executable, "tests/vllm_env/sampled_law.py", model_dir, drafts, str(SAMPLES),
-                           "--seed", str(seed)],
+                           "--seed", str(seed), *arm],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -73,7 +77,8 @@ def test_drafts_sample_the_models_law_at_temperature_1_and_top_p(tiny_model_dir,
 
 @pytest.mark.integration
 def test_without_the_sampler_fix_the_same_test_fails(tiny_model_dir, no_drafts):
-    """The test has the power to see the flaw: vLLM's CPU sampler as shipped (no plugin loaded) moves the law."""
+    """The test has the power to see the flaw: vLLM's CPU sampler without the expand fix (no plugin loaded) moves the
+    law."""
     unfixed = _sample(tiny_model_dir, "group", plugins=False, seed=1)
     z = z_scores(unfixed, no_drafts)
     law = LawTally(**unfixed["drafter"]["law"])

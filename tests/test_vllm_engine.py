@@ -29,8 +29,8 @@ def test_the_vllm_patches_are_pinned_to_the_installed_vllm():
     from verl_infsample.integration.cpu import load_patches, needed, pinned_sha256, resolve, source_sha256
 
     patches = load_patches("vllm_*.py")
-    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_expand_kernel.py", "vllm_cpu_keep_linear_weights.py",
-                                                        "vllm_pause_generation.py"]
+    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py", "vllm_cpu_sampler_expand.py",
+                                                        "vllm_cpu_sampler_recovered_tokens.py", "vllm_pause_generation.py"]
     for patch in patches:
         module, target = resolve(patch.TARGET)
         if needed(patch, module):
@@ -42,7 +42,7 @@ def test_a_patch_refuses_other_code_naming_its_file(monkeypatch):
 
     patch = load_patches(VLLM_PATCHES)[0]
     monkeypatch.setattr(patch, "SOURCE_SHA256", {"0.24": "0" * 64, "0.32": "0" * 64})
-    with pytest.raises(PatchMismatch, match="patches/vllm_cpu_expand_kernel.py"):
+    with pytest.raises(PatchMismatch, match="patches/vllm_cpu_keep_linear_weights.py"):
         applying(patch)(None)
     monkeypatch.setattr(patch, "SOURCE_SHA256", {"0.1": "0" * 64})
     with pytest.raises(PatchMismatch, match="a pin for this version: none"):

