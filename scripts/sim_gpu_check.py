@@ -1,6 +1,6 @@
-"""The GPU check's comparison in the simulator, until a GPU measures it (`scripts/gpu_check.sh`).
+"""verl's plain submission against Infinite Sampling on a random-weights model's lengths, in the simulator.
 
-Same setting as `infsample_lab.bench.gpu_check`'s defaults: 2 prompts of 256 tokens, rollout.n in {32, 256, 1024}, a
+The setting: 2 prompts of 256 tokens, rollout.n in {32, 256, 1024}, a
 random-weights model's lengths (each step stops a sample with probability 3 / 1024: geometric, capped at 1024), KV
 for 64 worst-case sequences in blocks of 16 (vLLM's paged budget), at most 256 running (verl's max_num_seqs).
 Per n: `plain` (verl's submission: all at once, preempt when the blocks run out), `oracle` (the plan with the true

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,10 +88,44 @@ def test_the_simulator_seed_sweep_counts_single_traces(monkeypatch, capsys):
     assert all(r["seeds_infinite_within_8pct"] == 6 for r in rows if r["predictor"] == "oracle")
 
 
+@pytest.mark.integration
+def test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_does(tmp_path):
+    """scripts/gpu_check.sh --dry-run, as a user runs it (its default parts on the CPU): the doctor finds nothing
+    wrong; drafts keep the sampled law and greedy tokens; the rollout part's requests, run on a real vLLM engine,
+    take exactly the engine steps, preemptions and computed tokens the replay of the same requests gives (the
+    replay is exact in steps), and every real step is in one band of the real-against-modeled table."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run([str(SCRIPTS / "gpu_check.sh"), "--dry-run", "--out", str(out)], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().split("\n")[-1])
+    assert json.loads(out.read_text()) == report and report["ok"] and report["dry_run"]
+    parts = report["parts"]
+    assert list(parts) == ["doctor", "law", "rollout"] and parts["doctor"]["faults"] == []
+    law = parts["law"]
+    assert law["greedy_equal"] and law["max_abs_z"] < law["z_limit"] and 0 < law["accepted"] <= law["drafted"]
+    rollout = parts["rollout"]
+    for name in ("vllm", "infinite"):
+        real, replayed = rollout["backends"][name]["real"], rollout["backends"][name]["replay"]
+        for key in ("engine_steps", "preemptions", "computed_tokens"):
+            assert real[key] == replayed[key], (name, key)
+        assert sum(b["steps"] for b in rollout["backends"][name]["bands"]) == real["engine_steps"] > 0
+    assert rollout["backends"]["vllm"]["real"]["preemptions"] > 0  # the trace outgrows the pool under verl's order
+    assert "real_vs_modeled" in proc.stderr  # the table
+
+
+def test_the_gpu_check_refuses_an_unknown_part_by_name(capsys):
+    from infsample_lab.bench import gpu_check
+
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--parts", "law,memory"])
+    assert "--parts: unknown 'memory'" in capsys.readouterr().err
+
+
 def test_the_transformers_gpu_check_dry_run(capsys, tmp_path):
-    """gpu_check_transformers --dry-run (what scripts/gpu_check_transformers.sh --dry-run runs): the GPU check's
-    comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV budget
-    and draw exactly full's tokens."""
+    """The GPU check's ``transformers`` part, dry run (``scripts/gpu_check.sh --dry-run --parts transformers``):
+    its comparison end to end on the CPU with the device sampler, one JSON report; infinite and plain keep the KV
+    budget and draw exactly full's tokens."""
     from infsample_lab.bench import gpu_check_transformers
 
     assert gpu_check_transformers.main(["--dry-run", "--n", "16", "--no-hf", "--out", str(tmp_path / "r.json")]) == 0

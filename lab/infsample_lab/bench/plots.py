@@ -75,7 +75,7 @@ def plot_predictor_evaluation(evaluation, path: str) -> None:
 
 
 def plot_gpu_check(report: dict, path: str) -> None:
-    """A GPU check's report (``gpu_check``, ``gpu_check_transformers``): per path, peak KV in use (solid) and peak
+    """The GPU check's ``transformers`` report (``gpu_check_transformers``): per path, peak KV in use (solid) and peak
     device memory (dashed, where measured) against rollout.n, and decode steps against rollout.n. Rows a path
     skipped or could not run (out of memory) are left out."""
     import matplotlib

@@ -86,6 +86,16 @@ def request_seed(seed: int, prompt_id: str, index: int, resumed_at: int = 0) -> 
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
+@dataclass(frozen=True)
+class ScheduledStep:
+    """One engine step as vLLM's scheduler scheduled it: per row, the tokens it computes and the tokens cached before
+    them; ``sampling_rows``: rows whose prefill is complete (they sample a token)."""
+
+    new_tokens: tuple[int, ...]
+    contexts: tuple[int, ...]
+    sampling_rows: int
+
+
 @dataclass
 class VLLMStats:
     """What vLLM itself reports for one rollout."""
@@ -105,6 +115,21 @@ class VLLMStats:
     kv_blocks: int = 0
     block_size: int = 0
     kv_usage_timeline: list[tuple[int, float]] = field(default_factory=list)  # (engine step, KV fraction in use)
+    # kept by ``run_requests``: every step as scheduled, and the wall seconds of each ``LLMEngine.step()`` call (with
+    # vLLM's async scheduling a schedule runs one call ahead of the outputs it returns)
+    scheduled: list[ScheduledStep] | None = None
+    step_wall_s: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class ForcedRequest:
+    """A request whose response length is fixed: ``length`` tokens, end-of-sequence ignored (what a trace's sample
+    costs, whatever the weights say)."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    length: int
+    priority: int = 0
 
 
 class _StatsSink:
@@ -114,9 +139,17 @@ class _StatsSink:
         self.current: VLLMStats | None = None
         self.step = 0
 
-    def count_scheduled(self, scheduler_output) -> None:
-        if self.current is not None:
-            self.current.computed_tokens += int(scheduler_output.total_num_scheduled_tokens)
+    def count_scheduled(self, scheduler_output, scheduler) -> None:
+        st = self.current
+        if st is None:
+            return
+        st.computed_tokens += int(scheduler_output.total_num_scheduled_tokens)
+        if st.scheduled is not None:
+            new = scheduler_output.num_scheduled_tokens
+            requests = [scheduler.requests[rid] for rid in new]  # scheduled: their computed tokens include ``new``
+            st.scheduled.append(ScheduledStep(
+                tuple(new.values()), tuple(r.num_computed_tokens - n for r, n in zip(requests, new.values())),
+                sum(1 for r in requests if r.num_computed_tokens >= r.num_tokens)))
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         st = self.current
@@ -163,7 +196,7 @@ def _count_scheduled_tokens(llm, sink: _StatsSink) -> None:
 
     def counted_schedule(*args, **kwargs):
         out = schedule(*args, **kwargs)
-        sink.count_scheduled(out)
+        sink.count_scheduled(out, scheduler)
         return out
 
     scheduler.schedule = counted_schedule
@@ -320,6 +353,46 @@ class VLLMEngine:
                                      prefill_passes=len(groups))
         timing = LoopTiming(engine_s=wall, steps=stats.engine_steps)
         return VLLMRollout(outputs, sched_stats, self._kv_stats(stats), timing, wall, "vllm-plain", {}, vllm=stats)
+
+    def run_requests(self, requests: Sequence[ForcedRequest], seed: int = 0) -> VLLMStats:
+        """Submit ``requests`` in order at their priorities (temperature 1, each seeded), step until every one has
+        produced its ``length`` tokens; vLLM's figures, with every step as scheduled and its wall seconds. A
+        trace's requests as a server sends them (the replay's own, ``infsample_lab.replay``), on a real engine."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._requests:
+            raise RuntimeError("a rollout is already in flight on this engine")
+        longest = max((len(r.prompt_tokens) + r.length for r in requests), default=0)
+        if longest > self.max_model_len:
+            raise ValueError(f"a request of {longest} tokens exceeds vLLM's max_model_len={self.max_model_len}")
+        stats = self._begin()
+        stats.scheduled, stats.step_wall_s = [], []
+        live: set[str] = set()
+        try:
+            for r in requests:
+                params = VLLMSamplingParams(n=1, temperature=1.0, max_tokens=r.length, min_tokens=r.length,
+                                            ignore_eos=True, seed=request_seed(seed, r.request_id, 0),
+                                            detokenize=False, output_kind=RequestOutputKind.DELTA)
+                self.llm.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_tokens)}, params,
+                                     priority=r.priority)
+                live.add(r.request_id)
+            while self.llm.has_unfinished_requests():
+                self._sink.step = stats.engine_steps + 1
+                start = time.perf_counter()
+                outputs = self.llm.step()
+                stats.step_wall_s.append(time.perf_counter() - start)
+                stats.engine_steps += 1
+                for out in outputs:
+                    if out.finished:
+                        live.discard(out.request_id)
+                        stats.prompt_tokens += len(out.prompt_token_ids or ())
+                        stats.cached_prompt_tokens += int(out.num_cached_tokens or 0)
+        finally:
+            if live:
+                self.llm.abort_request(list(live))
+            self._sink.current = None
+        return stats
 
     # --- the engine protocol (driven by ``run_rollout``) ----------------------------------------------------------
     def prefill(self, sched: Scheduler, admitted: list[Sample]) -> None:

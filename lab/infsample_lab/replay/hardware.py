@@ -88,7 +88,7 @@ class ModelShape:
                 "max_position_embeddings": self.max_position_embeddings, "vocab_size": self.vocab,
                 "tie_word_embeddings": self.tied_embeddings, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
                 "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
-                "bos_token_id": 151643, "eos_token_id": 151645}
+                "bos_token_id": min(151643, self.vocab - 2), "eos_token_id": min(151645, self.vocab - 1)}
 
 
 # Qwen/Qwen3-*/config.json on the Hugging Face hub
@@ -96,6 +96,8 @@ MODELS = {
     "qwen3-1.7b": ModelShape("qwen3-1.7b", 28, 2048, 6144, 16, 8, 128, 151936, True, 40960),
     "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 12288, 32, 8, 128, 151936, False, 40960),
     "qwen3-32b": ModelShape("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936, False, 40960),
+    # the shape of the lab's tiny Qwen3 (``infsample_lab.models``): what the CPU runs (the GPU check's dry run)
+    "qwen3-tiny": ModelShape("qwen3-tiny", 2, 128, 128, 2, 1, 64, 1024, True, 4096),
 }
 
 

@@ -241,9 +241,11 @@ def _max_model_len(requests: list[ReplayRequest], past=()) -> int:
                max((len(p.prompt) + len(p.tokens) + 1 for p in past), default=0))
 
 
-def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
+def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None, on_jobs=None):
     """Replay ``trace`` on every backend of ``config``. Returns (rows, timelines): one :class:`StepRow` per backend
-    and step, and per backend the (modeled seconds, running rows) points of each replica of the last step."""
+    and step, and per backend the (modeled seconds, running rows) points of each replica of the last step.
+    ``on_jobs(step, jobs)``: sees each step's :class:`ReplicaJob` s (every replica's requests as its server sends
+    them) before they run: what a real engine runs to compare with the replay (the GPU check)."""
     config.check()
     cap = config.max_response_length or max(n for p in trace for n in p.lengths)
     _check_pool(trace, config, cap)
@@ -259,7 +261,7 @@ def replay(trace: list[TracePrompt], config: ReplayConfig, progress=None):
             backends.append(b)
     pool = _replica_pool(min(config.workers, config.replicas * len(backends)))
     try:
-        return _replay_steps(trace, config, backends, pool, cap, progress)
+        return _replay_steps(trace, config, backends, pool, cap, progress, on_jobs)
     except BaseException:
         _drop_pool()
         raise
@@ -293,7 +295,7 @@ def _check_tokens(trace: list[TracePrompt], config: ReplayConfig) -> None:
                          "--spec-accept A (synthetic: each draft token accepted with probability A)")
 
 
-def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress):
+def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool, cap: int, progress, on_jobs=None):
     """:func:`replay`'s steps, one after another, each backend's replicas in ``pool``."""
     model = MODELS[config.model]
     rows, timelines = [], {}
@@ -305,6 +307,8 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
                            tuple(b.past[r]) if b.drafts.on else (), config.rounds if b.name == "infinite" else 0)
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]
+        if on_jobs is not None:
+            on_jobs(step_index, jobs)
         on_vllm = [j for j in jobs if backends[j.backend].engine == "vllm"]
         on_vllm.sort(key=lambda j: -j.work)  # the longest first: the workers end together
         results: dict[tuple[int, int], ReplicaResult] = {}

