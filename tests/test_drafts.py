@@ -37,7 +37,7 @@ def test_a_finished_sibling_drafts_the_rest_and_other_groups_draw_on_the_run():
 
 
 def test_group_trees_stay_within_their_memory_and_keep_running_groups():
-    trees = DraftTrees(group_bytes=1, group_responses=2)  # every finished group is over the limit at once
+    trees = DraftTrees(memory_bytes=1, group_responses=2)  # every finished group is over the limit at once
     rng = np.random.default_rng(0)
     trees.start("keep", "running", [1])
     trees.extend("keep", rng.integers(0, 1000, 200))
@@ -53,6 +53,29 @@ def test_group_trees_stay_within_their_memory_and_keep_running_groups():
         small.extend(r, [r] * 5)
         small.stop(r)
     assert len(small.groups["g"].finished) == 2 and small.groups["g"].tree.num_seqs() == 2
+
+
+def test_all_trees_together_stay_within_their_bytes_with_long_answers():
+    """4,000-token answers, many prompts: the run's tree and the group trees together never pass ``memory_bytes``
+    (counted at TREE_BYTES_PER_TOKEN), the run's tree at most half of it; the newest answers stay draft sources."""
+    from verl_infsample.spec.trees import TREE_BYTES_PER_TOKEN
+
+    budget = 16 << 20  # 65,536 tokens' worth
+    trees = DraftTrees(memory_bytes=budget)
+    rng = np.random.default_rng(0)
+    peak = 0
+    for i in range(48):
+        answer = rng.integers(0, 50_000, 4000)
+        trees.start(i, f"p{i % 12}", rng.integers(0, 50_000, 300))
+        trees.extend(i, answer)
+        peak = max(peak, trees.memory())
+        trees.stop(i)
+        assert trees.memory() <= budget and trees.run_memory() <= budget // 2
+    assert peak <= budget + 2 * TREE_BYTES_PER_TOKEN * 4300  # the running answer (both trees) until it stops
+    assert len(trees.run.cached_requests) == len(trees._run_cached) < 48  # what is counted is what the tree holds
+    trees.start("next", "p11", [1])
+    trees.extend("next", answer[:30])
+    assert trees.propose("next", [1, *answer[:30]], 8).token_ids == answer[30:38].tolist()  # the newest answer
 
 
 def _rows(*rates):
@@ -230,6 +253,51 @@ def test_a_sample_drafts_to_its_predicted_end_and_past_it_once_it_outlives_its_p
     # 3 generated: "near" ends in 2 more tokens by its prediction; "over" has outlived its prediction, which then
     # says nothing of how far it goes
     assert drafts == [answer[3:5], answer[3:7]]
+
+
+def test_under_tensor_parallelism_one_worker_drafts_and_counts_for_the_engine():
+    """vLLM reads only the drafts of an engine's first tensor-parallel worker (and sends every worker the drafts it
+    scheduled): the other workers keep no trees, draft nothing, leave the sampler alone and report nothing, so the
+    engine's figures and law tally are the same at TP=1, 4 and 8. (Each worker counting the same verdicts made the
+    law check's z grow with sqrt(TP): false alarms.)"""
+    import asyncio
+
+    from verl_infsample.integration.rollout.vllm.drafts import DraftReport
+    from verl_infsample.spec.group_drafter import pop_drafter_stats
+
+    answer = [50, 51, 52, 53, 54, 55, 56, 57]
+
+    class Runner:
+        def __init__(self, rows):
+            self.input_batch, self.requests = _batch(rows), {}
+            self.rejection_sampler = type("Sampler", (), {"forward": None})()  # its own, as each worker's
+
+    def engine(tp: int) -> dict:
+        workers = []
+        for rank in range(tp):
+            drafter = GroupDrafter(_DrafterConfig(), runner=Runner([("a", [1, 2], answer)]), read_here=rank == 0)
+            drafter.propose([answer[-1:]])  # a sibling decoded the whole answer ...
+            drafter.runner = Runner([("b", [1, 2], answer[:3])])
+            drafts = drafter.propose([answer[2:3]])  # ... and the next one drafts from it
+            if drafter.read_here:
+                assert drafts == [answer[3:7]] and drafter.runner.rejection_sampler.forward is not None
+                drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]], [[0.9, 0.8, 0.7, 0.6]])
+            else:
+                assert drafts == [[]] and drafter.trees is None and drafter.runner.rejection_sampler.forward is None
+            workers.append(type("Worker", (), {"model_runner": type("MR", (), {"drafter": drafter})})())
+
+        async def rpc(method):
+            assert method == "infsample_pop_drafter_stats"
+            return [pop_drafter_stats(w) for w in workers]
+
+        metrics = asyncio.run(DraftReport("group").pop_metrics(rpc))
+        assert metrics.pop("infsample/spec_drafter_ms_per_step") > 0  # a time: it differs from run to run
+        return metrics
+
+    one = engine(1)
+    assert one["infsample/spec_law_tested"] == 4 and one["infsample/spec_rows"] == 2  # a row in each step
+    assert one["infsample/spec_group_tree_mb"] > 0
+    assert engine(4) == engine(8) == one
 
 
 def _groups_file(tmp_path, shared: bool):

@@ -59,16 +59,23 @@ def test_drafts_verified_against_the_recorded_tokens_answer_every_sample_in_fewe
     assert on.proposing_rows <= on.proposer_rows
 
 
-def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token():
-    """Samples with nothing to draw on (every token new) accept nothing; the same samples repeating one phrase
+@pytest.mark.parametrize("method", ["ngram", "suffix", "group"])
+def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token(method):
+    """No drafter sees the future. Four siblings share an opening of 30 tokens, then each goes on with 30 tokens of
+    its own; two run at a time. The later two draft their opening from the earlier two's answers (suffix, group;
+    ngram reads only the sample's own text) and accept nothing of their own tails, though every sample's recorded
+    tokens are in the replay: each tail token takes a step of its own. The same siblings repeating one phrase
     accept almost every draft token."""
-    fresh = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=tuple(range(1000 + 60 * i, 1060 + 60 * i)))
-             for i in range(4)]
-    res = _run(fresh, DraftSetup("ngram", tokens=4))
-    assert res.accepted == 0 and res.engine_steps == 60
+    group = "g" if method == "group" else None
+    opening = tuple(range(2000, 2030))
+    diverging = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=opening + tuple(range(3000 + 30 * i, 3030 + 30 * i)),
+                               group=group) for i in range(4)]
+    res = _run(diverging, DraftSetup(method, tokens=4), seqs=2)
+    assert res.accepted <= 2 * len(opening) and res.engine_steps >= 2 * 30 + 30 // 5  # each tail token a step
+    assert (res.accepted > 0) == (method != "ngram")
     phrase = (5, 6, 7, 8, 9)
-    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12) for i in range(4)]
-    res = _run(looping, DraftSetup("ngram", tokens=4))
+    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12, group=group) for i in range(4)]
+    res = _run(looping, DraftSetup(method, tokens=4))
     assert res.output_tokens / res.decode_rows > 3 and res.engine_steps < 25
 
 
@@ -179,3 +186,22 @@ def test_drafting_rounds_hold_a_groups_later_samples_until_a_sibling_finished():
     assert first_done(together) == {f"g{g}": f"g{g}-3" for g in range(3)}  # side by side: the shortest ends first
     assert rounds.accepted > together.accepted
     assert rounds.output_tokens / rounds.decode_rows > 2 * together.output_tokens / together.decode_rows
+
+
+def test_the_drafter_hears_what_the_server_knows_of_a_length_never_the_truth():
+    """The server tells the group drafter a sample's predicted length, or where it predicts none its token budget
+    (``max_tokens``); the replay tells the drafter the same, never the sample's true length."""
+    from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG
+
+    setup = ReplicaSetup(num_blocks=400, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
+    replay = ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab, drafts=DraftSetup("group", tokens=4))
+    replay.start()
+    for r in (ReplayRequest("unpredicted", (1, 2, 3), 50, group="g", budget=300),
+              ReplayRequest("predicted", (1, 2, 3), 50, group="g", budget=300, predicted_len=120.0),
+              ReplayRequest("nothing-known", (1, 2, 3), 50, group="g")):
+        replay.submit(r)
+    told = {rid: replay.scheduler.requests[rid].sampling_params.extra_args for rid in
+            ("unpredicted", "predicted", "nothing-known")}
+    assert told["unpredicted"] == {GROUP_ARG: "g", PREDICTED_ARG: 300}
+    assert told["predicted"] == {GROUP_ARG: "g", PREDICTED_ARG: 120}
+    assert told["nothing-known"] == {GROUP_ARG: "g"}  # bounded by its room alone, as the drafter does without a hint

@@ -1,6 +1,6 @@
 """Drafts keep the sampled law: vLLM's rejection sampler verifies draft tokens so that what is sampled is the
-model's distribution, at temperature 1 and with top-p. On the CPU that holds only with the sampler fix
-(``patches/vllm_cpu_sampler_*.py``); without it the same samples move by many standard errors.
+model's distribution, at temperature 1, with top-p and with top-k alone. On the CPU that holds only with the sampler
+fixes (``patches/vllm_cpu_sampler_*.py``); without it the same samples move by many standard errors.
 
 Many samples of the tiny model per prompt, drafts (the plugin's ``GroupDrafter``) on and off, seeded per request (each
 run its own seeds, so the two samples are independent, and the same on every run); each sample's length and mean
@@ -27,7 +27,7 @@ def no_drafts(tiny_model_dir):
 
 
 @pytest.mark.integration
-def test_drafts_sample_the_models_law_at_temperature_1_and_top_p(tiny_model_dir, no_drafts):
+def test_drafts_sample_the_models_law_at_temperature_1_top_p_and_top_k(tiny_model_dir, no_drafts):
     drafted = _sample(tiny_model_dir, "group", seed=1)  # a draw of its own: two independent samples
     assert drafted["accepted"] > 0.1 * drafted["drafted"] > 0  # drafts were proposed, and many accepted
     z = z_scores(drafted, no_drafts)

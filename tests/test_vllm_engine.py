@@ -29,7 +29,8 @@ def test_the_vllm_patches_are_pinned_to_the_installed_vllm():
     from verl_infsample.integration.cpu import load_patches, needed, pinned_sha256, resolve, source_sha256
 
     patches = load_patches("vllm_*.py")
-    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py", "vllm_cpu_sampler_expand.py",
+    assert [Path(p.__file__).name for p in patches] == ["vllm_cpu_keep_linear_weights.py", "vllm_cpu_sampler_empty_top_k.py",
+                                                        "vllm_cpu_sampler_expand.py",
                                                         "vllm_cpu_sampler_recovered_tokens.py", "vllm_pause_generation.py"]
     for patch in patches:
         module, target = resolve(patch.TARGET)

@@ -45,26 +45,42 @@ class DrafterStats:
     propose_s: float = 0.0
     drafting_s: float = 0.0  # of which spent on the rows that drafted (their trees brought up to date, the draft)
     law: LawTally = field(default_factory=LawTally)
-    group_bytes: int = 0
+    group_bytes: int = 0  # the group trees' (at the last pop)
+    tree_bytes: int = 0  # every tree's, the run's and the groups' (bounded: ``trees.TREE_BYTES``)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def pop_drafter_stats(worker) -> dict | None:
-    """Run in a vLLM worker by ``collective_rpc``: its GroupDrafter's figures since the last call (None: none)."""
+    """Run in a vLLM worker by ``collective_rpc``: its GroupDrafter's figures since the last call (None: none, or a
+    worker whose drafts vLLM does not read)."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
-    return drafter.pop_stats().as_dict() if isinstance(drafter, GroupDrafter) else None
+    stats = drafter.pop_stats() if isinstance(drafter, GroupDrafter) else None
+    return stats.as_dict() if stats is not None else None
+
+
+def drafts_read_here() -> bool:
+    """Whether vLLM reads this worker's drafts. An engine takes a step's drafts from one worker, the first of its
+    tensor-parallel group (its executor's output rank), and sends every worker the drafts it scheduled; the other
+    workers' drafts are never read. So only that worker keeps trees, drafts and counts: an engine's memory, time,
+    figures and law tally are one worker's, whatever the tensor parallelism."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
+    except ImportError:
+        return True
+    return not model_parallel_is_initialized() or get_tensor_model_parallel_rank() == 0
 
 
 class GroupDrafter:
-    def __init__(self, vllm_config, runner=None, *, trees: DraftTrees | None = None):
+    def __init__(self, vllm_config, runner=None, *, trees: DraftTrees | None = None, read_here: bool | None = None):
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.read_here = drafts_read_here() if read_here is None else read_here
         self.budget = DraftBudget(max_tokens=self.k)
         self.acceptance = AcceptanceRecord(self.k)
-        self.trees = trees or DraftTrees()
+        self.trees = (trees or DraftTrees()) if self.read_here else None
         self.runner = runner or _building_runner()
         self.synced: dict[str, int] = {}  # tokens of each row the trees hold (its prompt and response so far)
         self.stats = DrafterStats()
@@ -73,13 +89,18 @@ class GroupDrafter:
     def load_model(self, *args, **kwargs) -> None:
         """No model: vLLM calls this for proposers that have one."""
 
-    def pop_stats(self) -> DrafterStats:
-        self.stats.group_bytes = self.trees.group_memory()
+    def pop_stats(self) -> DrafterStats | None:
+        """The figures since the last call; None on a worker whose drafts vLLM does not read."""
+        if not self.read_here:
+            return None
+        self.stats.group_bytes, self.stats.tree_bytes = self.trees.group_memory(), self.trees.memory()
         stats, self.stats = self.stats, DrafterStats()
         return stats
 
     # vLLM's custom_class call: the batch's rows, without request ids (read from the runner's batch instead)
     def propose(self, sampled_token_ids, num_tokens_no_spec=None, token_ids_cpu=None, slot_mappings=None):
+        if not self.read_here:  # vLLM reads another worker's drafts: nothing to keep, draft or count here
+            return [[] for _ in sampled_token_ids]
         if self.runner is None:
             raise RuntimeError("GroupDrafter found no vLLM model runner; build it as GroupDrafter(vllm_config, runner)")
         self._watch_sampler()

@@ -3,8 +3,11 @@ prompt's answers of earlier steps) beside vLLM's own ``suffix`` structure (the r
 of the run's recent responses). Which of the two drafts a row takes, ``source_choice.SourceChoice`` says.
 
 Trees are arctic-inference's C++ suffix trees (``SuffixDecodingCache`` for vLLM's part, its ``SuffixTree`` for the
-groups). Memory is bounded: a group keeps its latest ``group_responses`` answers, and the groups together stay under
-``group_bytes`` (least recently used groups with nothing running are dropped first).
+groups). Memory is bounded in bytes, counted at ``TREE_BYTES_PER_TOKEN``: all trees together stay under
+``memory_bytes``. The run's tree keeps at most half of it (and at most ``global_responses`` answers, as vLLM's own
+suffix drafter), its oldest answers dropped first; the groups keep what the run's tree leaves, each its latest
+``group_responses`` answers, least recently used groups with nothing running dropped first. What is running is
+never dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .source_choice import NO_DRAFT, Draft, SourceChoice
 MAX_TREE_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default: drafts match at most this many recent tokens
 MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob default
 GLOBAL_RESPONSES = 10_000  # vLLM's suffix_decoding_max_cached_requests default
-GROUP_BYTES = 1 << 30  # all group trees together, at TREE_BYTES_PER_TOKEN
+TREE_BYTES = 2 << 30  # all trees of a drafter together, at TREE_BYTES_PER_TOKEN
 # what a depth-24 tree takes per token at most (its own estimate_memory on random text; repetitive text takes a
 # tenth): counted here, not asked of the trees, whose estimate walks every node
 TREE_BYTES_PER_TOKEN = 256
@@ -53,16 +56,21 @@ class DraftTrees:
     """Requests start, grow and stop; each may ask for a draft of its next tokens at any time."""
 
     def __init__(self, *, max_depth: int = MAX_TREE_DEPTH, min_token_prob: float = MIN_TOKEN_PROB,
-                 global_responses: int = GLOBAL_RESPONSES, group_bytes: int = GROUP_BYTES,
+                 global_responses: int = GLOBAL_RESPONSES, memory_bytes: int = TREE_BYTES,
                  group_responses: int = GROUP_RESPONSES, use_groups: bool = True,
                  group_spec_factor: float = GROUP_SPEC_FACTOR,
                  group_spec_offset: float = 0.0, group_min_prob: float | None = None):
         SuffixDecodingCache, self._SuffixTree = _arctic()
         self.max_depth, self.min_token_prob = max_depth, min_token_prob
-        self.group_bytes, self.group_responses, self.use_groups = group_bytes, group_responses, use_groups
+        self.memory_bytes, self.group_responses, self.use_groups = memory_bytes, group_responses, use_groups
+        self.global_responses = global_responses
         self.group_spec = (group_spec_factor, group_spec_offset,
                            min_token_prob if group_min_prob is None else group_min_prob)
-        self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses)
+        # one more than ours: the run's tree never drops an answer by itself, so what it holds is what is counted here
+        self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses + 1)
+        self._run_active: dict[Hashable, int] = {}  # running request -> its tokens in the run's trees
+        self._run_cached: OrderedDict[Hashable, int] = OrderedDict()  # finished answer -> its tokens, oldest first
+        self._run_tokens = 0
         self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
         self.choice = SourceChoice()
         self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
@@ -76,8 +84,10 @@ class DraftTrees:
         if req_id in self.run.active_requests:
             self.stop(req_id)
         if req_id in self.run.cached_requests:  # a request id used again (vLLM's own proposer does the same)
-            self.run.evict_cached_response(req_id)
+            self._drop_run_answer(req_id)
         self.run.start_request(req_id, _int32(prompt))
+        self._run_active[req_id] = len(prompt)
+        self._run_tokens += len(prompt)
         if self.use_groups:
             g = self.groups.get(group)
             if g is None:
@@ -94,6 +104,8 @@ class DraftTrees:
             return
         tokens = _int32(tokens)
         self.run.add_active_response(req_id, tokens)
+        self._run_active[req_id] += len(tokens)
+        self._run_tokens += len(tokens)
         group, seq = self._member[req_id]
         if group is not None:
             g = self.groups[group]
@@ -106,6 +118,10 @@ class DraftTrees:
         """The request left the batch (finished, aborted or preempted): its response stays a draft source."""
         self.run.stop_request(req_id)
         self.choice.forget(req_id)
+        self._run_cached[req_id] = self._run_active.pop(req_id)  # its prompt's tree goes; its answer stays
+        while self._run_cached and (len(self._run_cached) > self.global_responses
+                                    or self.run_memory() > self.memory_bytes // 2):
+            self._drop_run_answer(next(iter(self._run_cached)))
         group, seq = self._member.pop(req_id)
         if group is None:
             return
@@ -141,8 +157,19 @@ class DraftTrees:
         """The group trees' bytes, at ``TREE_BYTES_PER_TOKEN``."""
         return TREE_BYTES_PER_TOKEN * self._tokens
 
+    def run_memory(self) -> int:
+        """The run's trees' bytes (its answers, and the prompts running), at ``TREE_BYTES_PER_TOKEN``."""
+        return TREE_BYTES_PER_TOKEN * self._run_tokens
+
+    def memory(self) -> int:
+        return self.run_memory() + self.group_memory()
+
+    def _drop_run_answer(self, req_id: Hashable) -> None:
+        self.run.evict_cached_response(req_id)
+        self._run_tokens -= self._run_cached.pop(req_id, 0)
+
     def _evict(self) -> None:
-        if self.group_memory() <= self.group_bytes:
+        if self.memory() <= self.memory_bytes:
             return
         for key in list(self.groups):  # least recently used first
             g = self.groups[key]
@@ -150,7 +177,7 @@ class DraftTrees:
                 continue
             self._tokens -= g.total
             del self.groups[key]
-            if self.group_memory() <= self.group_bytes:
+            if self.memory() <= self.memory_bytes:
                 return
 
 

