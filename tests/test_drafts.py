@@ -198,6 +198,25 @@ def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_w
     assert p[0] == pytest.approx(float(top2[1])) and p[1] == pytest.approx(0.25)
 
 
+def test_the_law_checks_probabilities_are_vllms_rule_written_apart():
+    """The guard's target probabilities (its own top-k and top-p) equal what vLLM's own top-k/top-p and softmax give
+    on random logits, row by row with its own parameters, top-k and top-p off in some rows."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    g = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(12, 500, generator=g)
+    temperature = torch.rand(12, generator=g) + 0.3
+    top_k = torch.tensor([5, 500, 40, 1, 0, 77, 500, 3, 250, 500, 9, 20])
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 0.8, 0.95, 0.3, 0.7, 1.0, 0.6, 0.99, 0.85])
+    tokens = torch.stack([torch.argsort(row, descending=True)[i % 7] for i, row in enumerate(logits)])
+    ours = target_probabilities(logits, temperature, top_k, top_p, tokens)
+    k_vllm = torch.where(top_k <= 0, torch.full_like(top_k, 500), top_k)
+    theirs = torch.softmax(apply_top_k_top_p_pytorch(logits / temperature[:, None], k_vllm, top_p), -1)
+    assert torch.allclose(ours, theirs.gather(-1, tokens[:, None])[:, 0], atol=1e-6)
+    assert (ours > 0).any() and (ours == 0).any()  # kept and cut tokens both among them
+
+
 class _DrafterConfig:
     """The parts of vLLM's config the drafter reads."""
     speculative_config = type("S", (), {"num_speculative_tokens": 4})
@@ -298,6 +317,73 @@ def test_under_tensor_parallelism_one_worker_drafts_and_counts_for_the_engine():
     assert one["infsample/spec_law_tested"] == 4 and one["infsample/spec_rows"] == 2  # a row in each step
     assert one["infsample/spec_group_tree_mb"] > 0
     assert engine(4) == engine(8) == one
+
+
+@pytest.mark.parametrize("law_guard", ["warn", "off_drafts", "fail"])
+def test_when_verification_moves_the_law_the_guard_does_what_the_setting_says(law_guard, caplog):
+    """The tally is read at every weight sync (``collect``, every trainer mode) and with the step's figures. Drafts
+    accepted far more often than their target probabilities: ``warn`` logs it, ``off_drafts`` logs it and stops the
+    workers' drafts for the rest of the run, ``fail`` stops the run with a message naming what moved and the fix."""
+    import asyncio
+
+    from verl_infsample.integration.rollout.vllm.drafts import DraftReport, LawMoved
+
+    calls = []
+    moved = LawTally()
+    for _ in range(2000):
+        moved.add(True, 0.5)  # every tested token accepted where half were to be
+
+    async def rpc(method):
+        calls.append(method)
+        if method == "infsample_pop_drafter_stats":
+            stats = {"steps": 1, "propose_s": 0.001, "proposing_rows": 1, "rows": 1, "from_group": 0,
+                     "group_bytes": 0, "tree_bytes": 0, "law": moved.__dict__}
+            return [stats, None]  # the second worker's drafts are not read: it reports nothing
+        return [None, None]
+
+    report = DraftReport("group", law_guard)
+    if law_guard == "fail":
+        with pytest.raises(LawMoved, match="moves the sampled law.*law_guard=fail.*speculative=off"):
+            asyncio.run(report.collect(rpc))
+        return
+    asyncio.run(report.collect(rpc))  # a weight sync
+    assert ("infsample_halt_drafter" in calls) == (law_guard == "off_drafts")
+    assert "moves the sampled law" in caplog.text
+    metrics = asyncio.run(report.pop_metrics(rpc))
+    assert metrics["infsample/spec_law_alarm"] == 1.0 and metrics["infsample/spec_law_tested"] == 4000
+    assert metrics["infsample/spec_drafts_halted"] == float(law_guard == "off_drafts")
+    assert calls.count("infsample_halt_drafter") <= 1 and caplog.text.count("moves the sampled law") == 1
+
+
+def test_a_halted_drafter_drafts_nothing():
+    from verl_infsample.spec.group_drafter import halt_drafter
+
+    drafter = GroupDrafter(_DrafterConfig(), runner=type("R", (), {"input_batch": _batch([("a", [1], [2])]),
+                                                                   "requests": {}})())
+    halt_drafter(type("W", (), {"model_runner": type("MR", (), {"drafter": drafter})})())
+    assert drafter.propose([[2]]) == [[]] and drafter.stats.rows == 0
+
+
+def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_ends_leaves_no_tokens_behind():
+    """A row vLLM preempts leaves the batch but not vLLM's requests: the trees keep it running, no partial answer is
+    stored as finished; back in the batch it goes on in the same sequence. A row that did not draft hands its
+    tokens to the trees in runs; when it ends, its last tokens (less than a run) reach them too."""
+    drafter = GroupDrafter(_DrafterConfig(), runner=object())
+    budget = drafter.budget
+    drafter.budget = type("NoDraftsBudgetStub", (), {"plan": lambda self, rows, caps, depth: [0] * len(rows)})()
+    answer = list(range(50, 61))  # 11 tokens: one run of 8, and 3 left over
+    preempted = {"a": _request(**{GROUP_ARG: "g"})}
+    drafter.propose_batch(_batch([("a", [1, 2], answer[:4])]), [answer[3:4]], preempted)
+    drafter.propose_batch(_batch([]), [], preempted)  # preempted: out of the batch, still vLLM's
+    assert "a" in drafter.trees.active and not drafter.trees.groups["g"].finished
+    drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], preempted)  # back, and to its end
+    drafter.propose_batch(_batch([]), [], {})  # finished: gone from vLLM's requests
+    group = drafter.trees.groups["g"]
+    assert len(group.finished) == 1 and group.total == len(answer)  # stored once, every token of it
+    drafter.budget = budget
+    sibling = {"b": _request(**{GROUP_ARG: "g"})}
+    drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:6])]), [answer[5:6]], sibling)
+    assert drafts == [answer[6:10]]  # the answer's end, which came after its last run of 8
 
 
 def _groups_file(tmp_path, shared: bool):

@@ -134,6 +134,8 @@ def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
 @pytest.mark.parametrize("overrides, message", [
     (["custom.speculative=eagle"], "custom.speculative='eagle': choose one of: off, ngram, suffix, group"),
     (["custom.speculative=group", "custom.speculative_tokens=0"], "custom.speculative_tokens=0: must be an integer in"),
+    (["custom.speculative=group", "custom.law_guard=ignore"],
+     "custom.law_guard='ignore': choose one of: warn, off_drafts, fail"),
     (["custom.speculative=group", "custom.engine=transformers"], "drafts are verified by vLLM's rejection sampler"),
     (["custom.speculative=group", "custom.engine=vllm",
       "+engine_kwargs.vllm.speculative_config={method:ngram,num_speculative_tokens:2}"],

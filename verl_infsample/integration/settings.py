@@ -18,6 +18,7 @@ ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollou
 SPECULATIVE = ("off", "ngram", "suffix", "group")  # drafts verified by vLLM (spec.GroupDrafter for group)
 MAX_SPECULATIVE_TOKENS = 32
 NEEDS_ARCTIC = ("suffix", "group")  # their suffix trees are arctic-inference's
+LAW_GUARD = ("warn", "off_drafts", "fail")  # what the group drafter's law check does when verification moves the law
 # arctic-inference 0.3.0 is a source build (C++); an isolated build would fetch a second torch
 SPEC_INSTALL_HINT = ("pip install setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools protobuf && "
                      "pip install arctic-inference==0.3.0 --no-build-isolation (make setup does it on the CPU)")
@@ -42,6 +43,8 @@ class InfiniteRolloutSettings:
     threads: int | None = None  # torch threads in the server (None: torch's default)
     speculative: str = "off"  # off | ngram | suffix | group: drafts verified by vLLM's rejection sampler (vllm engine)
     speculative_tokens: int = 8  # draft tokens per row at most (vLLM's num_speculative_tokens)
+    law_guard: str = "off_drafts"  # speculative=group, when verification moves the sampled law: warn (log it) |
+    # off_drafts (log it, and no drafts for the rest of the run) | fail (stop the run at the next weight sync)
 
     @classmethod
     def from_custom(cls, custom: Mapping[str, Any] | None, *, prompt_length: int | None = None,
@@ -102,6 +105,8 @@ class InfiniteRolloutSettings:
         if (not isinstance(self.speculative_tokens, int) or isinstance(self.speculative_tokens, bool)
                 or not 1 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS):
             raise bad("speculative_tokens", f"must be an integer in 1..{MAX_SPECULATIVE_TOKENS}")
+        if self.law_guard not in LAW_GUARD:
+            raise bad("law_guard", f"choose one of: {', '.join(LAW_GUARD)}")
         if self.speculative in NEEDS_ARCTIC:
             import importlib.util
 

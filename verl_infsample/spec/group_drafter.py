@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .budget import AcceptanceRecord, DraftBudget
-from .law_guard import POSITIONS_PER_STEP, LawTally, target_probabilities
+from .law_guard import CHECK_EVERY, POSITIONS_PER_STEP, LawTally, target_probabilities
 from .trees import DraftTrees
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,14 @@ def pop_drafter_stats(worker) -> dict | None:
     return stats.as_dict() if stats is not None else None
 
 
+def halt_drafter(worker) -> None:
+    """Run in a vLLM worker by ``collective_rpc``: its GroupDrafter drafts nothing from now on (the law guard's
+    ``off_drafts``); vLLM then verifies empty drafts, one token a step, as with drafts off."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if isinstance(drafter, GroupDrafter):
+        drafter.halted = True
+
+
 def drafts_read_here() -> bool:
     """Whether vLLM reads this worker's drafts. An engine takes a step's drafts from one worker, the first of its
     tensor-parallel group (its executor's output rank), and sends every worker the drafts it scheduled; the other
@@ -81,8 +89,10 @@ class GroupDrafter:
         self.budget = DraftBudget(max_tokens=self.k)
         self.acceptance = AcceptanceRecord(self.k)
         self.trees = (trees or DraftTrees()) if self.read_here else None
+        self.halted = False  # drafts stopped for the rest of the run (``halt_drafter``)
         self.runner = runner or _building_runner()
         self.synced: dict[str, int] = {}  # tokens of each row the trees hold (its prompt and response so far)
+        self.unsynced: dict[str, np.ndarray] = {}  # a row's tokens past ``synced`` (rows that did not draft)
         self.stats = DrafterStats()
         self._guarded = None  # the rejection sampler whose verdicts we read
 
@@ -99,7 +109,7 @@ class GroupDrafter:
 
     # vLLM's custom_class call: the batch's rows, without request ids (read from the runner's batch instead)
     def propose(self, sampled_token_ids, num_tokens_no_spec=None, token_ids_cpu=None, slot_mappings=None):
-        if not self.read_here:  # vLLM reads another worker's drafts: nothing to keep, draft or count here
+        if not self.read_here or self.halted:  # vLLM reads another worker's drafts, or drafts are off
             return [[] for _ in sampled_token_ids]
         if self.runner is None:
             raise RuntimeError("GroupDrafter found no vLLM model runner; build it as GroupDrafter(vllm_config, runner)")
@@ -141,18 +151,27 @@ class GroupDrafter:
                 if n - self.synced[req_id] >= SYNC_EVERY:
                     self.trees.extend(req_id, batch.token_ids_cpu[i, self.synced[req_id]:n])
                     self.synced[req_id] = n
+                    self.unsynced.pop(req_id, None)
+                elif n > self.synced[req_id]:  # kept until the next run, or for the trees when the row ends
+                    self.unsynced[req_id] = batch.token_ids_cpu[i, self.synced[req_id]:n].copy()
                 continue
             began = time.perf_counter()
             self.stats.proposing_rows += 1
             if n > self.synced[req_id]:
                 self.trees.extend(req_id, batch.token_ids_cpu[i, self.synced[req_id]:n])
                 self.synced[req_id] = n
+                self.unsynced.pop(req_id, None)
             draft = self.trees.propose(req_id, batch.token_ids_cpu[i, max(0, n - self.trees.max_depth):n], k)
             self.stats.from_group += draft.source == "group"
             drafts[i] = draft.token_ids
             self.stats.drafting_s += time.perf_counter() - began
         seen = set(batch.req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.trees.active if r not in seen]:
+            if req_id in requests:  # preempted or not scheduled this step: it comes back, and goes on where it was
+                continue
+            tail = self.unsynced.pop(req_id, None)  # its last tokens, which the trees have not had yet
+            if tail is not None:
+                self.trees.extend(req_id, tail)
             self.trees.stop(req_id)
             self.acceptance.forget(req_id)
             self.synced.pop(req_id, None)
@@ -201,37 +220,39 @@ class GroupDrafter:
 
     def _law_inputs(self, metadata, logits, sampling_metadata):
         """Target probabilities of up to ``POSITIONS_PER_STEP`` draft tokens under each request's own parameters,
-        computed apart from the sampler (None where something else shapes the law: greedy rows, penalties,
-        allowed or banned tokens)."""
+        computed apart from the sampler, one step in ``CHECK_EVERY`` (None elsewhere, and where something else shapes
+        the law: greedy rows, penalties, allowed or banned tokens, a ``min_tokens`` not yet reached, a thinking
+        budget). Each row's parameters are read from its request on the host, not from the device."""
         import torch
 
         m = sampling_metadata
-        if (m.all_greedy or m.temperature is None or not m.no_penalties or m.allowed_token_ids_mask is not None
-                or m.bad_words_token_ids):
+        if (self.stats.steps % CHECK_EVERY or m.all_greedy or m.temperature is None or not m.no_penalties
+                or m.allowed_token_ids_mask is not None or m.bad_words_token_ids):
             return None
         rows = len(metadata.num_draft_tokens)
         starts = np.concatenate([[0], np.cumsum(metadata.num_draft_tokens)])
         offset = (self.stats.steps * 7) % max(1, rows)  # a different share of rows each step
-        temperature = m.temperature.cpu().tolist()  # one copy off the device, not one per row
-        chosen, budget = [], POSITIONS_PER_STEP
+        req_ids, requests = self.runner.input_batch.req_ids, getattr(self.runner, "requests", {})
+        chosen, budget, params = [], POSITIONS_PER_STEP, []
         for r in range(rows):
             i = (offset + r) % rows
             n = metadata.num_draft_tokens[i]
-            if n and budget >= n and temperature[i] >= GREEDY_BELOW:
+            p = _plain_sampling(requests.get(req_ids[i]), n)
+            if n and budget >= n and p is not None:
                 chosen.append(i)
+                params.append(p)
                 budget -= n
         if not chosen:
             return None
         device = logits.device  # computed where the logits are: only the probabilities come back
         index = torch.tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen]), device=device)
-        sizes = torch.tensor([metadata.num_draft_tokens[i] for i in chosen], device=device)
-        rows_t = torch.tensor(chosen, device=device)
+        repeats = [metadata.num_draft_tokens[i] for i in chosen]
 
-        def per_token(values):
-            return None if values is None else values.to(device)[rows_t].repeat_interleave(sizes)
+        def per_token(column: int):
+            return torch.tensor(np.repeat([p[column] for p in params], repeats), device=device)
 
         target = logits[metadata.target_logits_indices.to(device)[index]]
-        p = target_probabilities(target, per_token(m.temperature), per_token(m.top_k), per_token(m.top_p),
+        p = target_probabilities(target, per_token(0), per_token(1), per_token(2),
                                  metadata.draft_token_ids.to(device)[index].long()).cpu()
         out: list = [None] * rows
         at = 0
@@ -240,6 +261,21 @@ class GroupDrafter:
             out[i] = p[at:at + n].tolist()
             at += n
         return out
+
+
+def _plain_sampling(request, drafted: int) -> tuple[float, int, float] | None:
+    """(temperature, top_k, top_p) of a request whose draft positions are sampled from temperature, top-k and
+    top-p alone; None where something else shapes them (greedy, a ``min_tokens`` the positions may still be under,
+    a thinking budget) or the request is unknown."""
+    params = getattr(request, "sampling_params", None)
+    if params is None or params.temperature < GREEDY_BELOW:
+        return None
+    if params.min_tokens and len(getattr(request, "output_token_ids", ())) < params.min_tokens + drafted:
+        return None
+    if getattr(params, "thinking_token_budget", None) is not None:
+        return None
+    top_k = params.top_k if params.top_k and params.top_k > 0 else 0
+    return float(params.temperature), int(top_k), float(params.top_p)
 
 
 def _hints(request) -> dict:

@@ -3,8 +3,9 @@
 With a point-mass draft (every drafter here proposes tokens, not distributions) the rejection sampler accepts a
 draft token with exactly the target's probability of it. So over the draft tokens a step tests (each row's up to
 and including its first rejection), the number accepted has mean sum(p) and variance sum(p(1-p)), where p is the
-target probability computed here independently of the sampler: the request's own temperature, top-k and top-p
-applied to the raw logits. A broken sampler (one that verifies with other parameters than the request's) shows as
+target probability computed here independently of the sampler (its own top-k and top-p, not vLLM's, so that a
+fault in vLLM's cannot hide): the request's own temperature, top-k and top-p applied to the raw logits. A broken
+sampler (one that verifies with other parameters than the request's) shows as
 a gap between the share accepted and the mean p; past ``ALARM_Z`` standard deviations it raises an alarm.
 """
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 ALARM_Z = 6.0  # standard deviations of the accumulated gap before the alarm (false alarms ~1e-9 per check)
 MIN_TESTED = 200  # draft tokens tested before the gap is judged
-POSITIONS_PER_STEP = 64  # draft positions whose target probability is computed per step (a softmax over the vocab)
+POSITIONS_PER_STEP = 16  # draft positions whose target probability is computed per checked step (a vocab softmax)
+CHECK_EVERY = 4  # steps: one in so many is checked (the check's cost bounded; the tally still reaches its minimum)
 
 
 @dataclass
@@ -52,11 +54,25 @@ class LawTally:
 
 
 def target_probabilities(logits, temperature, top_k, top_p, tokens):
-    """p(token) under the request's own sampling parameters, per draft position (torch tensors, one row each)."""
+    """p(token) under the request's own sampling parameters, per draft position (torch tensors, one row each; a
+    top-k of 0 or at least the vocabulary, or a top-p of 1, is off). vLLM's rule, written apart from vLLM's code:
+    top-k keeps the k largest logits, then top-p keeps the tokens whose more probable tokens hold less than p of the
+    top-k distribution."""
     import torch
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
-    logits = logits.to(torch.float32) / temperature.unsqueeze(-1)
-    if top_k is not None or top_p is not None:
-        logits = apply_top_k_top_p(logits, top_k, top_p)
-    return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logits = logits.to(torch.float32) / temperature.to(torch.float32).unsqueeze(-1)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        k = top_k.to(torch.long)
+        k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+        kth = torch.topk(logits, int(k.max()), dim=-1).values.gather(-1, (k - 1).unsqueeze(-1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        ordered, order = torch.sort(probs, dim=-1, descending=True)
+        above = torch.cumsum(ordered, dim=-1) - ordered  # the mass of the tokens before each, in that order
+        kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, above < top_p.to(torch.float32)
+                                                                  .unsqueeze(-1))
+        probs = probs * kept
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -18,7 +18,8 @@ _SEQUENTIAL = ("infsample/decode_steps", "infsample/lower_bound_steps", "infsamp
                "infsample/wall_s")  # sum in a server, max across
 _MAX = ("infsample/peak_kv_bytes", "infsample/peak_kv_blocks", "infsample/kv_blocks", "infsample/kv_block_size",
         "infsample/engine_room", "infsample/spec_drafter_ms_per_step", "infsample/spec_law_gap", "infsample/spec_law_z",
-        "infsample/spec_law_tested", "infsample/spec_law_alarm")  # the largest in magnitude
+        "infsample/spec_law_tested", "infsample/spec_law_alarm",
+        "infsample/spec_drafts_halted")  # the largest in magnitude
 DRAFTED_AT, ACCEPTED_AT = "infsample/spec_drafted_pos", "infsample/spec_accepted_pos"  # counts by draft position
 
 

@@ -79,7 +79,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self.settings = settings_from_rollout(self.config)
         check_speculative(self.settings, "vllm", config_value(config_value(self.config, "engine_kwargs", {}), "vllm"),
                           config_value(self.config, "mtp"))
-        self.drafts = drafts.DraftReport(self.settings.speculative)
+        self.drafts = drafts.DraftReport(self.settings.speculative, self.settings.law_guard)
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
                                       make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
@@ -241,6 +241,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         """verl's weight sync, before each step's rollout: a new step, its groups counted afresh."""
         await super().set_global_steps(global_steps)
         self.order.new_step()
+        await self.drafts.collect(self._worker_rpc)  # the law guard, in every trainer mode
 
     async def pop_finished_lengths(self) -> list[tuple[str, int]]:
         """(``prompt_key``, length) of each sample finished since the last call, for the group-affinity router."""
@@ -257,8 +258,11 @@ class InfiniteVLLMServer(vLLMHttpServer):
             metrics["infsample/samples"] -= counts["probe_continuations"]
         metrics.update({f"infsample/{k}": v for k, v in counts.items()})
         metrics["infsample/engine_room"] = self.order.room
-        metrics.update(await self.drafts.pop_metrics(lambda method: self.engine.collective_rpc(method)))
+        metrics.update(await self.drafts.pop_metrics(self._worker_rpc))
         return metrics
+
+    async def _worker_rpc(self, method: str) -> list:
+        return await self.engine.collective_rpc(method)
 
 
 class InfiniteVLLMReplica(vLLMReplica):
