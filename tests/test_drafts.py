@@ -386,6 +386,29 @@ def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_e
     assert drafts == [answer[6:10]]  # the answer's end, which came after its last run of 8
 
 
+def test_the_law_check_raises_no_false_alarm_in_a_thousand_runs_of_a_right_sampler():
+    """A right sampler accepts each tested draft token with its target probability. 1,000 runs of 300 checked steps
+    (16 tokens each, probabilities spread over (0, 1)), the run's tally read after every step as the server reads
+    it: no run raises the alarm (the bound asked is at most 1 in 1,000). With one engine's tally per engine (one
+    worker reports, whatever the tensor parallelism: the test above) this holds at every TP. A sampler whose
+    acceptance is off by 0.05 is caught in at least 95% of the runs."""
+    rng = np.random.default_rng(11)
+    runs, steps, tokens = 1000, 300, 16
+    p = rng.beta(2, 2, (runs, steps, tokens))
+    for shift in (0.0, 0.05):
+        accepted = rng.random((runs, steps, tokens)) < np.clip(p + shift, 0, 1)
+        alarmed = 0
+        for r in range(runs):
+            tally = LawTally()
+            for t in range(steps):
+                tally.merge(LawTally(tokens, int(accepted[r, t].sum()), float(p[r, t].sum()),
+                                     float((p[r, t] * (1 - p[r, t])).sum())))
+                if tally.alarm:
+                    alarmed += 1
+                    break
+        assert alarmed == 0 if shift == 0 else alarmed >= 0.95 * runs, (shift, alarmed)
+
+
 def _groups_file(tmp_path, shared: bool):
     rng = random.Random(1)
     lines = []
