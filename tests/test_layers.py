@@ -9,6 +9,7 @@
 """
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,20 @@ def test_the_wheel_is_the_plugin_alone(tmp_path):
     assert "verl_infsample/integration/rollout/vllm/server.py" in names
     lab_words = ("bench", "replay", "tiny", "demo", "tasks")
     assert not [n for n in names if any(w in n for w in lab_words)]
+    # the patches ship inside it: installed from the wheel alone, the plugin finds and arms the CPU sampler fixes
+    patches = sorted(p.name for p in (ROOT / "patches").glob("*.py"))
+    assert all(f"verl_infsample/patches/{name}" in names for name in patches)
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                              str(wheel)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+    found = subprocess.run([sys.executable, "-c", "from verl_infsample.integration.cpu import PATCHES_DIR, "
+                            "load_patches; print(PATCHES_DIR); print(*[p.TARGET for p in load_patches("
+                            "'vllm_cpu_sampler_*.py')])"], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    assert found.returncode == 0, found.stderr[-2000:]
+    where, targets = found.stdout.strip().split("\n")
+    assert where.startswith(str(target)) and "_expand_kernel_impl" in targets and "apply_top_k_only" in targets
 
 
 def test_the_lab_finds_the_checkout_it_runs_from(monkeypatch):
