@@ -38,12 +38,14 @@ RUNNING_FIXES = ("vllm_cpu_sampler_recovered_tokens.py", "vllm_cpu_sampler_empty
 
 def sample(model_dir: str, drafts: str, samples: int, plugins: bool = True, seed: int = 0, timeout: int = 900) -> dict:
     """One run's JSON (a process of its own). ``plugins=False``: vLLM loads no plugin, so the CPU expand fix is not
-    armed; the fixes without which an engine with drafts stops are (``RUNNING_FIXES``)."""
+    armed; the fixes without which an engine with drafts stops are (``RUNNING_FIXES``), and top-k is not sampled."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     arm = []
     if not plugins:
         env["VLLM_PLUGINS"] = "none-loaded"  # vLLM loads only the general plugins it names: here, none
-        arm = [flag for fix in RUNNING_FIXES for flag in ("--arm", fix)]
+        # without the expand fix a top-k reaches the draft positions as garbage, which stops the engine: the settings
+        # that run without it
+        arm = [flag for fix in RUNNING_FIXES for flag in ("--arm", fix)] + ["--settings", "t1,top_p"]
     proc = subprocess.run([sys.executable, "-m", "infsample_lab.bench.sampled_law", model_dir, drafts, str(samples),
                            "--seed", str(seed), *arm], env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -72,7 +74,9 @@ def main() -> None:
     p.add_argument("samples", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arm", action="append", default=[], help="a patches/ file to arm in this process")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of: {', '.join(SETTINGS)}")
     args = p.parse_args()
+    settings = {name: SETTINGS[name] for name in args.settings.split(",")}
     if args.arm:
         from verl_infsample.integration.cpu import arm_patches
 
@@ -97,7 +101,7 @@ def main() -> None:
     ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
                                    return_dict=False) for t in texts]
     out: dict = {"samples": {}}
-    for name, setting in SETTINGS.items():
+    for name, setting in settings.items():
         requests, params = [], []
         for i, prompt in enumerate(ids):
             for j in range(args.samples):
