@@ -409,6 +409,27 @@ def test_the_law_check_raises_no_false_alarm_in_a_thousand_runs_of_a_right_sampl
         assert alarmed == 0 if shift == 0 else alarmed >= 0.95 * runs, (shift, alarmed)
 
 
+def test_the_law_check_leaves_out_rows_whose_law_something_else_shapes():
+    """Rows the check tests are sampled from temperature, top-k and top-p alone, read from each request on the host:
+    not greedy ones, not those whose draft positions may fall under ``min_tokens`` (the end of the sequence is
+    masked there), not those with a thinking budget."""
+    from types import SimpleNamespace
+
+    from verl_infsample.spec.group_drafter import _plain_sampling
+
+    def request(output=20, **params):
+        base = dict(temperature=1.0, top_k=0, top_p=1.0, min_tokens=0, thinking_token_budget=None)
+        return SimpleNamespace(sampling_params=SimpleNamespace(**{**base, **params}), output_token_ids=[7] * output)
+
+    assert _plain_sampling(request(top_k=50, top_p=0.9, temperature=0.7), 4) == (0.7, 50, 0.9)
+    assert _plain_sampling(request(top_k=-1), 4) == (1.0, 0, 1.0)  # vLLM 0.24's "off"
+    assert _plain_sampling(request(temperature=0.0), 4) is None
+    assert _plain_sampling(request(output=3, min_tokens=10), 4) is None
+    assert _plain_sampling(request(output=14, min_tokens=10), 4) == (1.0, 0, 1.0)  # past it, drafts and all
+    assert _plain_sampling(request(thinking_token_budget=256), 4) is None
+    assert _plain_sampling(None, 4) is None
+
+
 def _groups_file(tmp_path, shared: bool):
     rng = random.Random(1)
     lines = []
