@@ -430,6 +430,27 @@ def test_the_law_check_leaves_out_rows_whose_law_something_else_shapes():
     assert _plain_sampling(None, 4) is None
 
 
+def test_a_request_verl_resumes_after_an_abort_drafts_with_its_group():
+    """verl resumes an aborted request under its id, the partial answer appended to its prompt: the drafter hears
+    the group and prediction of its first arrival (less what it generated), not a new group of the longer prompt; a
+    request that completed is forgotten, and so is the oldest aborted one past ``KEPT``."""
+    from verl_infsample.integration.rollout.vllm.drafts import DraftHints
+
+    hints = DraftHints()
+    assert hints.extra_args("r1", 20, "g", 300) == {GROUP_ARG: "g", PREDICTED_ARG: 300}
+    hints.ended("r1", "aborted")
+    assert hints.extra_args("r1", 20 + 120, "another", 50) == {GROUP_ARG: "g", PREDICTED_ARG: 180}
+    hints.ended("r1", "completed")
+    assert hints.extra_args("r1", 30, "h", 90) == {GROUP_ARG: "h", PREDICTED_ARG: 90}  # an id used anew
+    hints.ended("r1", None)  # failed: nothing kept
+    hints.KEPT = 2
+    for i in range(3):
+        hints.extra_args(f"a{i}", 10, f"g{i}", 100)
+        hints.ended(f"a{i}", "abort")
+    assert hints.extra_args("a0", 60, "x", 7)[GROUP_ARG] == "x"  # the oldest was forgotten
+    assert hints.extra_args("a2", 60, "x", 7) == {GROUP_ARG: "g2", PREDICTED_ARG: 50}
+
+
 def _groups_file(tmp_path, shared: bool):
     rng = random.Random(1)
     lines = []

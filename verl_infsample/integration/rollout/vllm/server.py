@@ -45,7 +45,6 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, 
 
 from ....predict import make_predictor
 from ....predict.features import TokenWindow
-from ....spec.group_drafter import GROUP_ARG, PREDICTED_ARG
 from ...settings import check_speculative, config_value, settings_from_rollout, vllm_ordering
 from ..requests import FINISHED_LENGTHS_KEPT, REQUESTS_IN_FLIGHT
 from . import drafts, probe
@@ -80,6 +79,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         check_speculative(self.settings, "vllm", config_value(config_value(self.config, "engine_kwargs", {}), "vllm"),
                           config_value(self.config, "mtp"))
         self.drafts = drafts.DraftReport(self.settings.speculative, self.settings.law_guard)
+        self.draft_hints = drafts.DraftHints()
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
                                       make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
@@ -140,8 +140,9 @@ class InfiniteVLLMServer(vLLMHttpServer):
                                         may_probe=refusal is None)
         if self.settings.speculative == "group":  # what the drafter cannot see in the batch: the sample's group
             sampling_params = {**sampling_params, "extra_args": {
-                **(sampling_params.get("extra_args") or {}), GROUP_ARG: request.group.prompt_id,
-                PREDICTED_ARG: int(request.sample.predicted_len or total)}}
+                **(sampling_params.get("extra_args") or {}), **self.draft_hints.extra_args(
+                    request_id, len(prompt_ids), request.group.prompt_id, int(request.sample.predicted_len or total))}}
+        output = None
         try:
             if request.probe:
                 output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
@@ -155,6 +156,8 @@ class InfiniteVLLMServer(vLLMHttpServer):
             return output
         finally:
             self.gate.release()  # what it freed (and taught) goes to the held rests
+            if self.settings.speculative == "group":
+                self.draft_hints.ended(request_id, output.stop_reason if output is not None else None)
 
     async def _engine_generate(self, *args, released: bool = False, **kwargs):
         """verl's ``generate``: one request into vLLM, through the gate (``released``: a held rest, let in)."""
