@@ -95,6 +95,7 @@ class GroupDrafter:
         self.unsynced: dict[str, np.ndarray] = {}  # a row's tokens past ``synced`` (rows that did not draft)
         self.stats = DrafterStats()
         self._guarded = None  # the rejection sampler whose verdicts we read
+        self._unread = None  # the last verified step's verdicts, not yet read (``_read_verdicts``)
 
     def load_model(self, *args, **kwargs) -> None:
         """No model: vLLM calls this for proposers that have one."""
@@ -103,6 +104,7 @@ class GroupDrafter:
         """The figures since the last call; None on a worker whose drafts vLLM does not read."""
         if not self.read_here:
             return None
+        self._read_verdicts()  # between steps: the last one's verdicts count too
         self.stats.group_bytes, self.stats.tree_bytes = self.trees.group_memory(), self.trees.memory()
         stats, self.stats = self.stats, DrafterStats()
         return stats
@@ -114,6 +116,7 @@ class GroupDrafter:
         if self.runner is None:
             raise RuntimeError("GroupDrafter found no vLLM model runner; build it as GroupDrafter(vllm_config, runner)")
         self._watch_sampler()
+        self._read_verdicts()
         return self.propose_batch(self.runner.input_batch, sampled_token_ids, getattr(self.runner, "requests", {}))
 
     def propose_batch(self, batch, sampled_token_ids, requests=None) -> list[list[int]]:
@@ -204,25 +207,43 @@ class GroupDrafter:
         original = sampler.forward
 
         def forward(metadata, draft_probs, logits, sampling_metadata):
-            probabilities = self._law_inputs(metadata, logits, sampling_metadata)
+            law = self._law_inputs(metadata, logits, sampling_metadata)
             output = original(metadata, draft_probs, logits, sampling_metadata)
-            drafts = metadata.draft_token_ids.tolist()
-            per_row, at = [], 0
-            for n in metadata.num_draft_tokens:
-                per_row.append(drafts[at:at + n])
-                at += n
-            self.verified(list(self.runner.input_batch.req_ids), per_row, output.sampled_token_ids.tolist(),
-                          probabilities)
+            # kept on the device: read at the step's proposal, once vLLM has its sampled tokens on the host anyway
+            self._unread = (list(self.runner.input_batch.req_ids), metadata.draft_token_ids,
+                            list(metadata.num_draft_tokens), output.sampled_token_ids, law)
             return output
 
         sampler.forward = forward
         self._guarded = sampler
 
+    def _read_verdicts(self) -> None:
+        """The last verified step's verdicts (``_watch_sampler``) into the acceptance records and the law check."""
+        if self._unread is None:
+            return
+        req_ids, draft_ids, counts, sampled, law = self._unread
+        self._unread = None
+        drafts = draft_ids.tolist()
+        per_row, at = [], 0
+        for n in counts:
+            per_row.append(drafts[at:at + n])
+            at += n
+        probabilities = None
+        if law is not None:
+            chosen, p = law
+            p = p.cpu().tolist()
+            probabilities, at = [None] * len(counts), 0
+            for i in chosen:
+                probabilities[i] = p[at:at + counts[i]]
+                at += counts[i]
+        self.verified(req_ids, per_row, sampled.tolist(), probabilities)
+
     def _law_inputs(self, metadata, logits, sampling_metadata):
-        """Target probabilities of up to ``POSITIONS_PER_STEP`` draft tokens under each request's own parameters,
-        computed apart from the sampler, one step in ``CHECK_EVERY`` (None elsewhere, and where something else shapes
-        the law: greedy rows, penalties, allowed or banned tokens, a ``min_tokens`` not yet reached, a thinking
-        budget). Each row's parameters are read from its request on the host, not from the device."""
+        """(rows chosen, the target probabilities of their draft tokens, left on the device): up to
+        ``POSITIONS_PER_STEP`` draft tokens under each request's own parameters, computed apart from the sampler, one
+        step in ``CHECK_EVERY`` (None elsewhere, and where something else shapes the law: greedy rows, penalties,
+        allowed or banned tokens, a ``min_tokens`` not yet reached, a thinking budget). Each row's parameters are read
+        from its request on the host, not from the device."""
         import torch
 
         m = sampling_metadata
@@ -252,15 +273,8 @@ class GroupDrafter:
             return torch.tensor(np.repeat([p[column] for p in params], repeats), device=device)
 
         target = logits[metadata.target_logits_indices.to(device)[index]]
-        p = target_probabilities(target, per_token(0), per_token(1), per_token(2),
-                                 metadata.draft_token_ids.to(device)[index].long()).cpu()
-        out: list = [None] * rows
-        at = 0
-        for i in chosen:
-            n = metadata.num_draft_tokens[i]
-            out[i] = p[at:at + n].tolist()
-            at += n
-        return out
+        return chosen, target_probabilities(target, per_token(0), per_token(1), per_token(2),
+                                            metadata.draft_token_ids.to(device)[index].long())
 
 
 def _plain_sampling(request, drafted: int) -> tuple[float, int, float] | None:
