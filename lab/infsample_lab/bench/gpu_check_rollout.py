@@ -19,7 +19,7 @@ import argparse
 import gc
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,11 +67,8 @@ def band_of(rows: int) -> str:
 def step_table(stats, cost) -> tuple[list[dict], dict]:
     """Per band of rows a step: the real steps' mean seconds against the cost model's for the same steps; and the
     fit over every step of real seconds on the model's at full efficiency and no overhead."""
-    from .vllm_engine import ScheduledStep  # noqa: F401 - what ``stats.scheduled`` holds
-
-    ideal_cost = type(cost)(cost.gpu, cost.model, cost.tp, type(cost.calibration)(
-        **{**cost.calibration.as_dict(), "flop_efficiency": 1.0, "bandwidth_efficiency": 1.0,
-           "step_overhead_s": 0.0}))
+    ideal_cost = replace(cost, calibration=replace(cost.calibration, flop_efficiency=1.0, bandwidth_efficiency=1.0,
+                                                   step_overhead_s=0.0))
     steps = list(zip(stats.scheduled, stats.step_wall_s))  # async scheduling: a schedule leads its outputs by one
     real, modeled, ideal, rows = [], [], [], []
     for sched, wall in steps:

@@ -36,7 +36,7 @@ def refuse_what_drafts_change(speculative: str, sampling_params: dict) -> None:
 
 
 @dataclass(frozen=True)
-class _Aborted:
+class _FirstArrival:
     group: str
     predicted: int  # the sample's predicted length (or its budget) when it first arrived
     prompt_len: int  # its prompt's tokens when it first arrived
@@ -51,11 +51,11 @@ class DraftHints:
     KEPT = 65_536  # aborted requests remembered until they resume (the oldest forgotten first)
 
     def __init__(self):
-        self._aborted: OrderedDict[str, _Aborted] = OrderedDict()
-        self._live: dict[str, _Aborted] = {}  # requests in flight, as they first arrived
+        self._aborted: OrderedDict[str, _FirstArrival] = OrderedDict()
+        self._live: dict[str, _FirstArrival] = {}  # requests in flight, as they first arrived
 
     def extra_args(self, request_id: str, prompt_len: int, group: str, predicted: int) -> dict:
-        first = self._aborted.pop(request_id, None) or _Aborted(group, int(predicted), prompt_len)
+        first = self._aborted.pop(request_id, None) or _FirstArrival(group, int(predicted), prompt_len)
         self._live[request_id] = first
         return {GROUP_ARG: first.group, PREDICTED_ARG: max(1, first.predicted - (prompt_len - first.prompt_len))}
 
