@@ -253,7 +253,7 @@ def run(a: argparse.Namespace) -> dict:
                                "plan_ms": round(res.stats.plan_ms, 1)}
                     del eng
             except torch.cuda.OutOfMemoryError as e:
-                row[name] = {"error": f"out of memory: {str(e).split("\n")[0]}"}
+                row[name] = {"error": "out of memory: " + str(e).split("\n")[0]}
                 continue
             wall = time.perf_counter() - t
             drawn[name] = tokens
