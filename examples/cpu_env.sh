@@ -26,10 +26,10 @@ export TQ_NUM_THREADS="${TQ_NUM_THREADS:-$(( _NPROC < 8 ? _NPROC : 8 ))}"  # Tra
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
 # Ray ends vLLM's CPU processes without their cleanup: on exit, remove the shared-memory segments and sockets
-# they left (verl_infsample/integration/cpu/leftovers.py)
+# they left (tests/leftovers.py, the test suite's cleaner)
 _LEFTOVERS_SNAPSHOT="$(mktemp)"
-"$PYTHON" -m verl_infsample.integration.cpu.leftovers snapshot "$_LEFTOVERS_SNAPSHOT"
-trap '"$PYTHON" -m verl_infsample.integration.cpu.leftovers clean "$_LEFTOVERS_SNAPSHOT"; rm -f "$_LEFTOVERS_SNAPSHOT"' EXIT
+"$PYTHON" "$ROOT/tests/leftovers.py" snapshot "$_LEFTOVERS_SNAPSHOT"
+trap '"$PYTHON" "$ROOT/tests/leftovers.py" clean "$_LEFTOVERS_SNAPSHOT"; rm -f "$_LEFTOVERS_SNAPSHOT"' EXIT
 
 STEPS="${STEPS:-2}"
 N="${N:-32}"

@@ -23,7 +23,7 @@ def pytest_configure(config):
     """The run's temporary files go to one folder of its own (``$TMPDIR``, which its workers, Ray, vLLM, torch's
     compile cache and pytest's ``tmp_path`` inherit), removed at the end unless a test failed. Ray ends vLLM's CPU
     executor and other children without their cleanup, which leaves shared-memory segments in /dev/shm; the run
-    removes the ones it created (``integration.cpu.leftovers``) once every child has ended. With pytest-xdist the
+    removes the ones it created (``leftovers``) once every child has ended. With pytest-xdist the
     controller does both, once every worker has ended."""
     config.addinivalue_line("markers", "integration: starts Ray, verl's trainer or an engine, or needs a trained tiny "
                             "model (make test-fast skips)")
@@ -31,7 +31,7 @@ def pytest_configure(config):
         config._infsample_tmp = tempfile.mkdtemp(prefix="infsample-tests-")
         os.environ["TMPDIR"] = config._infsample_tmp
         tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
-        from verl_infsample.integration.cpu import leftovers
+        import leftovers  # after $TMPDIR: it reads the temporary folder when imported
 
         config._infsample_leftovers = leftovers.listing()
 
@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_unconfigure(config):
     before = getattr(config, "_infsample_leftovers", None)
     if before is not None:
-        from verl_infsample.integration.cpu import leftovers
+        import leftovers
 
         leftovers.remove_left_behind(before, wait_s=15.0)
     tmp = getattr(config, "_infsample_tmp", None)

@@ -120,6 +120,7 @@ def test_what_verls_vllm_path_cannot_run_on_the_cpu_is_refused_before_ray(overri
 @pytest.mark.parametrize("custom, message", [
     ({"policy": "naive"}, "custom.policy='naive': a round-based policy, which vLLM's continuous batching does not run"),
     ({"kv_budget": 4096}, "custom.kv_budget=4096: on vLLM the KV pool is vLLM's own"),
+    ({"policy": "lpt"}, "custom.policy='lpt': on vLLM it is infinite's order (longest predicted first"),
 ])
 def test_what_vllm_cannot_honour_is_refused_by_name(custom, message):
     from verl_infsample.integration.settings import InfiniteRolloutSettings, SettingsError, vllm_ordering

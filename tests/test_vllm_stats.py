@@ -1,5 +1,5 @@
 """``vllm_stats``: one figure set, from vLLM's own per-step stats, for verl's vLLM server and ours; and the cleanup
-of what a CPU run leaves in /dev/shm and /tmp (``integration.cpu.leftovers``)."""
+of what a CPU run leaves in /dev/shm and /tmp (``tests/leftovers.py``)."""
 
 import multiprocessing
 import os
@@ -88,7 +88,7 @@ def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path)
     import socket
     import uuid
 
-    from verl_infsample.integration.cpu import leftovers as shm
+    import leftovers as shm
 
     before = shm.listing()
     kept = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process: in use
@@ -111,8 +111,7 @@ def test_only_segments_sockets_and_files_that_nothing_uses_are_removed(tmp_path)
         assert sorted(removed) == sorted([orphan.name, dead, stale])
         assert {kept.name, bound, held, live_sem} <= shm.listing() and not {orphan.name, dead, stale} & shm.listing()
         snapshot = tmp_path / "shm"
-        subprocess.run([sys.executable, "-m", "verl_infsample.integration.cpu.leftovers", "snapshot", str(snapshot)],
-                       check=True)
+        subprocess.run([sys.executable, shm.__file__, "snapshot", str(snapshot)], check=True)
         assert set(snapshot.read_text().split()) == shm.listing()
     finally:
         del lock

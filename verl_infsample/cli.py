@@ -1,4 +1,6 @@
-"""``infsample``: the command line.
+"""The ``infsample`` command: its parser and the commands of the package, ``trace`` (synth, from-verl, from-text:
+make a rollout-length trace), ``simulate`` (a trace through the scheduler's policies, decode steps counted) and
+``doctor`` (the set-up checked).
 
     infsample trace synth --prompts 1 --group-size 32 --max-len 1024 --dist lognormal --seed 0 --out t.jsonl
     infsample simulate --trace t.jsonl --slots 8 [--policy naive --policy infinite] [--predictor noisy:0.3] [--json]
@@ -7,8 +9,8 @@
     infsample trace from-text --groups G.jsonl --tokenizer words|MODEL_DIR [--history H] --out T.jsonl
     infsample doctor [--json]
 
-The lab (``lab/``, installed by ``make setup``) adds its commands here: ``replay``, ``bench-verl``,
-``bench-engine``, ``eval-predictor``, ``make-tiny-model``.
+Another installed package adds commands through the ``infsample.commands`` entry points: the lab (``lab/``,
+installed by ``make setup``) adds its replay, benchmarks, evaluations and tiny model.
 
 Bad input (a malformed trace line, M < 1, a budget that fits no sample, an unknown policy) prints one clear error
 and exits with status 2, never a traceback.

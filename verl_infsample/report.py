@@ -1,5 +1,6 @@
-"""How the command line shows what it measured: aligned text tables, a progress bar, memory over time as a picture
-(matplotlib, the ``plot`` extra, imported only when a picture is asked for)."""
+"""Text and picture output shared by the command lines (``infsample``, the lab's commands, ``scripts/``): an aligned
+text table of dict rows (``format_table``), a tqdm progress bar shown on a terminal only (``progress``) and a PNG of
+KV use per decode step (``plot_kv_timelines``; matplotlib, the ``plot`` extra, imported only when called)."""
 
 from __future__ import annotations
 

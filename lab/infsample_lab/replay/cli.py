@@ -54,9 +54,6 @@ def add_replay_parser(sub) -> None:
                    help="synthetic drafts (a trace without tokens): each draft token accepted with this probability "
                         "until the first rejection; ngram and suffix draft --spec-tokens on every row, group as its "
                         "budget says")
-    p.add_argument("--rounds", type=int, default=0,
-                   help="infinite: drafting rounds, a group's first R samples at once and the rest once one of them "
-                        "has finished (0: off)")
     p.add_argument("--calibration", help="JSON file of the cost model's efficiencies and overheads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="processes replaying replicas side by side")
@@ -86,7 +83,7 @@ def cmd_replay(args) -> int:
         probe_tokens=args.probe_tokens, seed=args.seed,
         calibration=Calibration.from_file(args.calibration) if args.calibration else Calibration(),
         workers=args.workers, keep_timeline=bool(args.plot),
-        specs=specs, rounds=args.rounds,
+        specs=specs,
         spec_tokens=args.spec_tokens, spec_accept=args.spec_accept)
     config.check()
     trace = read_trace(args.trace)

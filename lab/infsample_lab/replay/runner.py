@@ -21,7 +21,6 @@ from .backends import BACKENDS, ROUTERS, StepSample, agent_loop_arrivals, make_b
 from .drafts import PAST_LIMIT, SPECS, DraftSetup, PastResponse
 from .hardware import GPUS, MODELS, Calibration, StepCostModel
 from .held_rests import replay_held
-from .rounds import replay_rounds
 from .vllm_replica import ReplicaReplay, ReplicaResult, ReplicaSetup, ReplayError, ReplayRequest, model_config_dir
 
 
@@ -51,7 +50,6 @@ class ReplayConfig:
     specs: tuple[str, ...] = ("off",)  # drafts, each backend with each (``drafts.SPECS``)
     spec_tokens: int = 8  # custom.speculative_tokens
     spec_accept: float | None = None  # the synthetic drafter's acceptance (None: the trace's tokens)
-    rounds: int = 0  # infinite: a group's first this many samples at once, the rest once one has finished (0: off)
 
     def drafts(self, spec: str) -> DraftSetup:
         return DraftSetup(spec, self.spec_tokens, self.spec_accept, self.seed)
@@ -70,8 +68,6 @@ class ReplayConfig:
                     "workers"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
-        if self.rounds < 0:
-            bad("rounds", f"must be >= 0 (0: off), got {self.rounds}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             bad("max_num_batched_tokens", f"must be >= --max-num-seqs ({self.max_num_seqs}), as vLLM requires")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -159,7 +155,6 @@ class ReplicaJob:
     requests: list
     drafts: DraftSetup | None = None
     past: tuple = ()  # what the replica's drafter holds from earlier steps (``drafts.PastResponse``, oldest first)
-    rounds: int = 0  # drafting rounds (``rounds``), 0: off
 
     @property
     def work(self) -> int:
@@ -180,8 +175,6 @@ def _replay_replica(job: ReplicaJob) -> tuple[int, int, ReplicaResult, object]:
     if job.held is not None:
         order, ordered = job.held
         return job.backend, job.replica, replay_held(replay, requests, order, ordered), order
-    if job.rounds:
-        return job.backend, job.replica, replay_rounds(replay, requests, job.rounds), None
     return job.backend, job.replica, replay.run(requests), None
 
 
@@ -304,7 +297,7 @@ def _replay_steps(trace: list[TracePrompt], config: ReplayConfig, backends, pool
         arrivals = agent_loop_arrivals(samples, config.agent_workers)
         routed = [b.route(arrivals) for b in backends]
         jobs = [ReplicaJob(k, r, config, b.scheduling_policy, b.watermark, b.held_rests(r), reqs, b.drafts,
-                           tuple(b.past[r]) if b.drafts.on else (), config.rounds if b.name == "infinite" else 0)
+                           tuple(b.past[r]) if b.drafts.on else ())
                 for k, (b, per_replica) in enumerate(zip(backends, routed)) for r, reqs in enumerate(per_replica)
                 if reqs]
         if on_jobs is not None:

@@ -50,7 +50,6 @@ class OrderedRequest:
     group: Group
     sample: Sample
     priority: int
-    caller: int
     probe: bool  # it runs as a probe first (``probe_tokens``), then its rest at ``after_probe``'s priority
     held: int = field(default=-1, compare=False)  # its number among held rests while its rest is held, else -1
 
@@ -86,13 +85,13 @@ class VLLMRequestOrder:
         ranks_samples = self.probe_tokens > 0 or self.predictor.tells_samples_apart
         return self.priorities.ordering.watermark(ranks_samples)
 
-    def arrive(self, prompt_ids, caller: int = 0, group_size: int = 1, uid: int | None = None,
-               true_len: int | None = None, max_tokens: int | None = None, may_probe: bool = True) -> OrderedRequest:
-        """A request for ``prompt_ids``: one more sample of its prompt's group this step. ``caller``: the priority
-        its sender gave it, which orders what the plan ranks equal. ``group_size``: the samples its group is
-        expected to have (GRPO's ``rollout.n``). ``uid``, ``true_len``: a replay's sample number and true length
-        (for the ``oracle`` and ``noisy`` predictors); a live request has neither. ``max_tokens``: its budget; one
-        no longer than the probe runs whole, as does one that ``may_probe`` not (``probe.probe_refusal``)."""
+    def arrive(self, prompt_ids, group_size: int = 1, uid: int | None = None, true_len: int | None = None,
+               max_tokens: int | None = None, may_probe: bool = True) -> OrderedRequest:
+        """A request for ``prompt_ids``: one more sample of its prompt's group this step. ``group_size``: the
+        samples its group is expected to have (GRPO's ``rollout.n``). ``uid``, ``true_len``: a replay's sample
+        number and true length (for the ``oracle`` and ``noisy`` predictors); a live request has neither.
+        ``max_tokens``: its budget; one no longer than the probe runs whole, as does one that ``may_probe`` not
+        (``probe.probe_refusal``)."""
         key = prompt_key(prompt_ids)
         index = self._arrived.get(key, 0)
         self._arrived[key] = index + 1
@@ -102,10 +101,10 @@ class VLLMRequestOrder:
         predicted = sample.predicted_len = self.predictor.predict(group, sample)
         probe = may_probe and self.probe_tokens > 0 and (max_tokens is None or max_tokens > self.probe_tokens)
         if probe:
-            priority = self.priorities.probe(key, predicted, caller=caller)
+            priority = self.priorities.probe(key, predicted)
         else:
-            priority = self.priorities.of(key, predicted, caller=caller, own=self.predictor.tells_samples_apart)
-        return OrderedRequest(group, sample, priority, caller, probe)
+            priority = self.priorities.of(key, predicted, own=self.predictor.tells_samples_apart)
+        return OrderedRequest(group, sample, priority, probe)
 
     def after_probe(self, request: OrderedRequest, opening: TokenWindow) -> int:
         """The probe of ``request`` decoded ``opening`` and goes on: the priority of its rest, from its own
@@ -113,8 +112,7 @@ class VLLMRequestOrder:
         request.sample.generated = len(opening.token_ids)
         self.predictor.observe_tokens(request.group, request.sample, opening)
         request.sample.predicted_len = self.predictor.predict(request.group, request.sample)
-        request.priority = self.priorities.of(request.group.prompt_id, request.sample.predicted_len,
-                                              caller=request.caller)
+        request.priority = self.priorities.of(request.group.prompt_id, request.sample.predicted_len)
         return request.priority
 
     def finished(self, request: OrderedRequest, length: int) -> str:
@@ -211,7 +209,7 @@ class VLLMRequestOrder:
         for r in requests:
             self.predictor.refresh(r.group, r.sample)
             r.sample.predicted_len = self.predictor.predict(r.group, r.sample)
-            priority = self.priorities.of(r.group.prompt_id, r.sample.predicted_len, caller=r.caller)
+            priority = self.priorities.of(r.group.prompt_id, r.sample.predicted_len)
             if every or priority != r.priority:
                 r.priority = priority
                 heapq.heappush(self._queue, (priority, r.held))

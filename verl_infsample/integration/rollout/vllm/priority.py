@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GROUP_SPAN = 1 << 16  # priorities of one predicted length leave room for this many groups of a step
-CALLER_SPAN = 1 << 24  # a caller's own priority (verl's: the sample's batch position) breaks ties below the plan
 LENGTH_CAP = 1 << 20  # predicted lengths are capped here: plans span [-LENGTH_CAP * GROUP_SPAN, GROUP_SPAN)
 PROBE_OFFSET = (LENGTH_CAP + 1) * GROUP_SPAN  # probes' plans lie below every other plan
 REST_WATERMARK = 0.02  # vLLM's KV kept free at admission where samples run longest first by their own predictions
@@ -107,18 +106,15 @@ class StepPriorities:
         """A new rollout step: groups are counted again from the first to arrive."""
         self._ordinal.clear()
 
-    def of(self, group: str, predicted_len: float, caller: int = 0, own: bool = True) -> int:
-        """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first);
-        ``own``: the prediction is the sample's own, not only its group's. ``caller``, the priority its sender gave
-        it (verl's agent loop numbers a batch's samples 0, 1, ...), orders requests the plan ranks equal. Fits
-        vLLM's int64 for lengths below 2**20 tokens."""
-        return self._plan(group, predicted_len, own) * CALLER_SPAN + min(max(int(caller), 0), CALLER_SPAN - 1)
+    def of(self, group: str, predicted_len: float, own: bool = True) -> int:
+        """The priority of a request of ``group`` whose length is predicted ``predicted_len`` (lower runs first;
+        vLLM runs equal ones by arrival); ``own``: the prediction is the sample's own, not only its group's."""
+        return self._plan(group, predicted_len, own)
 
-    def probe(self, group: str, predicted_len: float, caller: int = 0) -> int:
+    def probe(self, group: str, predicted_len: float) -> int:
         """The priority of a probe of ``group``: before every request :meth:`of` ranks, in the same order among
         probes."""
-        return (self._plan(group, predicted_len) - PROBE_OFFSET) * CALLER_SPAN + min(max(int(caller), 0),
-                                                                                   CALLER_SPAN - 1)
+        return self._plan(group, predicted_len) - PROBE_OFFSET
 
     def _plan(self, group: str, predicted_len: float, own: bool = True) -> int:
         ordinal = self._ordinal.setdefault(group, len(self._ordinal))

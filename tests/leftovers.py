@@ -5,10 +5,11 @@ leaves Python shared-memory segments (``psm_*``, hundreds of MB each) and multip
 vLLM's ZeroMQ IPC sockets (``<tmp>/<uuid>``) and torch.distributed rendezvous files (``<tmp>/vllm_dist_<hex>``) in
 the temporary folder (``$TMPDIR``, else /tmp). A run snapshots both first and, once it has ended, removes
 what appeared since and no live process still uses (a segment nobody maps or holds open, a socket nobody has
-bound), so a concurrent run keeps its own:
+bound), so a concurrent run keeps its own. The tests' run does (``conftest``), and so do the CPU examples
+(``examples/cpu_env.sh``):
 
-    python -m verl_infsample.integration.cpu.leftovers snapshot FILE   # before
-    python -m verl_infsample.integration.cpu.leftovers clean FILE      # after; prints what it removed
+    python tests/leftovers.py snapshot FILE   # before
+    python tests/leftovers.py clean FILE      # after; prints what it removed
 """
 
 from __future__ import annotations
