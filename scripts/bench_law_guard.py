@@ -14,7 +14,7 @@ import time
 import torch
 
 from verl_infsample.report import format_table
-from verl_infsample.spec.law_guard import CHECK_EVERY, POSITIONS_PER_STEP, target_probabilities
+from verl_infsample.drafter.law_guard import CHECK_EVERY, POSITIONS_PER_STEP, target_probabilities
 
 VOCAB = 151_936
 BEFORE_POSITIONS = 64

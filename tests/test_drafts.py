@@ -1,4 +1,4 @@
-"""Drafts (``verl_infsample.spec``): where they come from, how long they are, the run-time law check, and
+"""Drafts (``verl_infsample.drafter``): where they come from, how long they are, the run-time law check, and
 ``infsample eval-drafter`` on text whose answer is known."""
 
 import json
@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from infsample_lab.bench.drafters import OfflineBatch, evaluate
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
-from verl_infsample.spec.budget import DepthAcceptance, DraftBudget, RowAcceptance
-from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG, GroupDrafter
-from verl_infsample.spec.law_guard import LawTally, target_probabilities
-from verl_infsample.spec.source_choice import Draft, SourceChoice
-from verl_infsample.spec.trees import DraftTrees
+from verl_infsample.drafter.budget import DepthAcceptance, DraftBudget, RowAcceptance
+from verl_infsample.drafter import GroupDrafter
+from verl_infsample.drafter.drafting import Drafting
+from verl_infsample.drafter.hints import GROUP_ARG, PREDICTED_ARG, RowHints
+from verl_infsample.drafter.law_guard import LawTally, target_probabilities
+from verl_infsample.drafter.source_choice import Draft, SourceChoice
+from verl_infsample.drafter.trees import DraftTrees
 
 
 def test_a_finished_sibling_drafts_the_rest_and_other_groups_draw_on_the_run():
@@ -58,7 +60,7 @@ def test_group_trees_stay_within_their_memory_and_keep_running_groups():
 def test_all_trees_together_stay_within_their_bytes_with_long_answers():
     """4,000-token answers, many prompts: the run's tree and the group trees together never pass ``memory_bytes``
     (counted at TREE_BYTES_PER_TOKEN), the run's tree at most half of it; the newest answers stay draft sources."""
-    from verl_infsample.spec.trees import TREE_BYTES_PER_TOKEN
+    from verl_infsample.drafter.trees import TREE_BYTES_PER_TOKEN
 
     budget = 16 << 20  # 65,536 tokens' worth
     trees = DraftTrees(memory_bytes=budget)
@@ -223,9 +225,9 @@ class _DrafterConfig:
     model_config = type("M", (), {"max_model_len": 64})
 
 
-def _request(**extra_args):
-    """A request as the drafter sees it: what the server told it in its sampling parameters' ``extra_args``."""
-    return type("R", (), {"sampling_params": type("P", (), {"extra_args": extra_args})})()
+def _told(**hints):
+    """What the server told the drafter of a request (``drafter.hints``)."""
+    return RowHints(**hints)
 
 
 def _batch(rows):
@@ -237,13 +239,11 @@ def _batch(rows):
 
 
 def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_from_verdicts():
-    drafter = GroupDrafter(_DrafterConfig(), runner=object())
+    drafter = Drafting(4, 64)
     answer = [50, 51, 52, 53, 54, 55, 56, 57]
     drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]])  # a sibling decoded the whole answer
     drafter.propose_batch(_batch([]), [])  # ... and left
-    # a probe's rest: its prompt carries its first tokens, the server names its group
-    rest = _request(**{GROUP_ARG: "g"})
-    solo = GroupDrafter(_DrafterConfig(), runner=object())
+    solo = Drafting(4, 64)
     drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:3])]), [answer[2:3]])
     assert drafts == [answer[3:7]]  # same prompt: its group
     drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
@@ -251,27 +251,47 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     depth = drafter.acceptance.depth  # by position: accepted, and tested (up to and including the first rejection)
     assert depth.accepted.tolist() == [1, 1, 1, 0] and depth.tested.tolist() == [1, 1, 1, 1]
     assert drafter.acceptance.rows["b"].rate > 0.5
-    solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": rest})
+    # the server names the group: rows of different prompts draft from each other's answers
+    solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": _told(group="g")})
     solo.propose_batch(_batch([]), [])
     solo.trees.run.evict_cached_response("x")  # only the group's tree knows the answer now
-    assert solo.propose_batch(_batch([("y", [9, *answer[:2]], answer[2:4])]), [answer[3:4]],
-                              {"y": rest}) == [answer[4:8]]
+    assert solo.propose_batch(_batch([("y", [8], answer[:2])]), [answer[1:2]],
+                              {"y": _told(group="g")}) == [answer[2:6]]
     assert solo.stats.from_group == 1 and solo.pop_stats().proposing_rows == 2 and solo.stats.rows == 0
 
 
 def test_a_sample_drafts_to_its_predicted_end_and_past_it_once_it_outlives_its_prediction():
-    def told(predicted):
-        return _request(**{GROUP_ARG: "g", PREDICTED_ARG: predicted})
-
-    drafter = GroupDrafter(_DrafterConfig(), runner=object())
+    drafter = Drafting(4, 64)
     answer = list(range(50, 62))
-    drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], {"a": told(12)})  # a sibling's answer
+    drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], {"a": _told(group="g", predicted=12)})
     drafter.propose_batch(_batch([]), [])
     rows = _batch([("near", [1, 2], answer[:3]), ("over", [1, 2], answer[:3])])
-    drafts = drafter.propose_batch(rows, [answer[2:3]] * 2, {"near": told(5), "over": told(2)})
+    drafts = drafter.propose_batch(rows, [answer[2:3]] * 2, {"near": _told(group="g", predicted=5),
+                                                               "over": _told(group="g", predicted=2)})
     # 3 generated: "near" ends in 2 more tokens by its prediction; "over" has outlived its prediction, which then
     # says nothing of how far it goes
     assert drafts == [answer[3:5], answer[3:7]]
+
+
+def test_a_probed_sample_is_one_answer_and_its_rest_counts_its_response_from_the_first_prompt():
+    """A probe (a head) and its rest, whose prompt carries the probe's tokens, are one sample: the group's tree keeps
+    one answer of every token (the probe's alone is none), and the rest's predicted end counts the probe's tokens
+    as response, not prompt."""
+    answer = list(range(50, 62))
+    drafter = Drafting(4, 64)
+    drafter.propose_batch(_batch([("s-probe", [1, 2], answer[:4])]), [answer[3:4]],
+                          {"s-probe": _told(group="g", predicted=12, head=True)})
+    drafter.propose_batch(_batch([]), [])  # the probe ends: its rest goes on
+    group = drafter.trees.groups["g"]
+    assert not group.finished and group.total == 0  # a head leaves nothing behind
+    rest = _told(group="g", predicted=12, response_start=2)
+    drafter.propose_batch(_batch([("s", [1, 2, *answer[:4]], answer[4:])]), [answer[-1:]], {"s": rest})
+    drafter.propose_batch(_batch([]), [])
+    assert len(group.finished) == 1 and group.total == len(answer)  # one answer, the probe's tokens in it
+    # a rest 5 tokens into a sample predicted at 7 (2 of them its probe's): 2 to go
+    rows = _batch([("t", [1, 2, *answer[:2]], answer[2:5])])
+    assert drafter.propose_batch(rows, [answer[4:5]], {"t": _told(group="g", predicted=7, response_start=2)}) == [
+        answer[5:7]]
 
 
 def test_under_tensor_parallelism_one_worker_drafts_and_counts_for_the_engine():
@@ -282,7 +302,7 @@ def test_under_tensor_parallelism_one_worker_drafts_and_counts_for_the_engine():
     import asyncio
 
     from verl_infsample.integration.rollout.vllm.drafts import DraftReport
-    from verl_infsample.spec.group_drafter import pop_drafter_stats
+    from verl_infsample.drafter import pop_drafter_stats
 
     answer = [50, 51, 52, 53, 54, 55, 56, 57]
 
@@ -300,9 +320,9 @@ def test_under_tensor_parallelism_one_worker_drafts_and_counts_for_the_engine():
             drafts = drafter.propose([answer[2:3]])  # ... and the next one drafts from it
             if drafter.read_here:
                 assert drafts == [answer[3:7]] and drafter.runner.rejection_sampler.forward is not None
-                drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]], [[0.9, 0.8, 0.7, 0.6]])
+                drafter.drafting.verified(["b"], drafts, [answer[3:6] + [99, -1]], [[0.9, 0.8, 0.7, 0.6]])
             else:
-                assert drafts == [[]] and drafter.trees is None and drafter.runner.rejection_sampler.forward is None
+                assert drafts == [[]] and drafter.drafting is None and drafter.runner.rejection_sampler.forward is None
             workers.append(type("Worker", (), {"model_runner": type("MR", (), {"drafter": drafter})})())
 
         async def rpc(method):
@@ -356,32 +376,32 @@ def test_when_verification_moves_the_law_the_guard_does_what_the_setting_says(la
 
 
 def test_a_halted_drafter_drafts_nothing():
-    from verl_infsample.spec.group_drafter import halt_drafter
+    from verl_infsample.drafter import halt_drafter
 
     drafter = GroupDrafter(_DrafterConfig(), runner=type("R", (), {"input_batch": _batch([("a", [1], [2])]),
                                                                    "requests": {}})())
     halt_drafter(type("W", (), {"model_runner": type("MR", (), {"drafter": drafter})})())
-    assert drafter.propose([[2]]) == [[]] and drafter.stats.rows == 0
+    assert drafter.propose([[2]]) == [[]] and drafter.drafting.stats.rows == 0
 
 
 def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_ends_leaves_no_tokens_behind():
     """A row vLLM preempts leaves the batch but not vLLM's requests: the trees keep it running, no partial answer is
     stored as finished; back in the batch it goes on in the same sequence. A row that did not draft hands its
     tokens to the trees in runs; when it ends, its last tokens (less than a run) reach them too."""
-    drafter = GroupDrafter(_DrafterConfig(), runner=object())
+    drafter = Drafting(4, 64)
     budget = drafter.budget
     drafter.budget = type("NoDraftsBudgetStub", (), {"plan": lambda self, rows, caps, depth: [0] * len(rows)})()
     answer = list(range(50, 61))  # 11 tokens: one run of 8, and 3 left over
-    preempted = {"a": _request(**{GROUP_ARG: "g"})}
+    preempted = {"a": _told(group="g")}
     drafter.propose_batch(_batch([("a", [1, 2], answer[:4])]), [answer[3:4]], preempted)
     drafter.propose_batch(_batch([]), [], preempted)  # preempted: out of the batch, still vLLM's
-    assert "a" in drafter.trees.active and not drafter.trees.groups["g"].finished
+    assert "a" in drafter.rows and "a" in drafter.trees.active and not drafter.trees.groups["g"].finished
     drafter.propose_batch(_batch([("a", [1, 2], answer)]), [answer[-1:]], preempted)  # back, and to its end
     drafter.propose_batch(_batch([]), [], {})  # finished: gone from vLLM's requests
     group = drafter.trees.groups["g"]
     assert len(group.finished) == 1 and group.total == len(answer)  # stored once, every token of it
     drafter.budget = budget
-    sibling = {"b": _request(**{GROUP_ARG: "g"})}
+    sibling = {"b": _told(group="g")}
     drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:6])]), [answer[5:6]], sibling)
     assert drafts == [answer[6:10]]  # the answer's end, which came after its last run of 8
 
@@ -415,7 +435,7 @@ def test_the_law_check_leaves_out_rows_whose_law_something_else_shapes():
     masked there), not those with a thinking budget."""
     from types import SimpleNamespace
 
-    from verl_infsample.spec.group_drafter import _plain_sampling
+    from verl_infsample.drafter.vllm_adapter import _plain_sampling
 
     def request(output=20, **params):
         base = dict(temperature=1.0, top_k=0, top_p=1.0, min_tokens=0, thinking_token_budget=None)
@@ -432,23 +452,24 @@ def test_the_law_check_leaves_out_rows_whose_law_something_else_shapes():
 
 def test_a_request_verl_resumes_after_an_abort_drafts_with_its_group():
     """verl resumes an aborted request under its id, the partial answer appended to its prompt: the drafter hears
-    the group and prediction of its first arrival (less what it generated), not a new group of the longer prompt; a
-    request that completed is forgotten, and so is the oldest aborted one past ``KEPT``."""
-    from verl_infsample.integration.rollout.vllm.drafts import DraftHints
+    the group and response start of its first arrival (the partial answer is response, not prompt; its predicted
+    length counts it), not a new group of the longer prompt; a request that completed is forgotten, and so is the
+    oldest aborted one past ``KEPT``."""
+    from verl_infsample.drafter.hints import RESPONSE_START_ARG, DraftHints
 
     hints = DraftHints()
-    assert hints.extra_args("r1", 20, "g", 300) == {GROUP_ARG: "g", PREDICTED_ARG: 300}
-    hints.ended("r1", "aborted")
-    assert hints.extra_args("r1", 20 + 120, "another", 50) == {GROUP_ARG: "g", PREDICTED_ARG: 180}
-    hints.ended("r1", "completed")
-    assert hints.extra_args("r1", 30, "h", 90) == {GROUP_ARG: "h", PREDICTED_ARG: 90}  # an id used anew
-    hints.ended("r1", None)  # failed: nothing kept
+    first = hints.arrive("r1", 20, "g")
+    assert first.extra_args(300) == {GROUP_ARG: "g", PREDICTED_ARG: 300}
+    hints.ended("r1", first, "aborted")
+    again = hints.arrive("r1", 20 + 120, "another")
+    assert again.extra_args(50) == {GROUP_ARG: "g", PREDICTED_ARG: 170, RESPONSE_START_ARG: 20}
+    hints.ended("r1", again, "completed")
+    assert hints.arrive("r1", 30, "h").extra_args(90) == {GROUP_ARG: "h", PREDICTED_ARG: 90}  # an id used anew
     hints.KEPT = 2
     for i in range(3):
-        hints.extra_args(f"a{i}", 10, f"g{i}", 100)
-        hints.ended(f"a{i}", "abort")
-    assert hints.extra_args("a0", 60, "x", 7)[GROUP_ARG] == "x"  # the oldest was forgotten
-    assert hints.extra_args("a2", 60, "x", 7) == {GROUP_ARG: "g2", PREDICTED_ARG: 50}
+        hints.ended(f"a{i}", hints.arrive(f"a{i}", 10, f"g{i}"), "abort")
+    assert hints.arrive("a0", 60, "x").group == "x"  # the oldest was forgotten
+    assert hints.arrive("a2", 60, "x").extra_args(7) == {GROUP_ARG: "g2", PREDICTED_ARG: 57, RESPONSE_START_ARG: 10}
 
 
 def _groups_file(tmp_path, shared: bool):
@@ -511,3 +532,53 @@ def test_any_text_is_decoded_whole_by_every_drafter(groups, history, wave, max_d
         result = evaluate(parts, method, history=history, wave=wave, max_draft=max_draft)
         assert result.tokens == want
         assert 1.0 <= result.tokens_per_step <= max_draft + 1 or result.tokens == 0
+
+
+def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_inputs():
+    """The adapter's contacts with vLLM, one step through: ``propose`` with the arrays vLLM hands it (request ids
+    and prompt lengths from the runner's batch, hints from its requests), the rejection sampler wrapped once, its
+    verdicts and the law's target probabilities (vLLM's ``SpecDecodeMetadata``; uniform logits: p = 1/vocab) read
+    at the next proposal. The sampler and the runner are stand-ins (their verdicts are the test's): the real ones
+    run in the sampled-law test."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    from verl_infsample.drafter.law_guard import CHECK_EVERY
+
+    answer = list(range(50, 62))
+    params = SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0, min_tokens=0, thinking_token_budget=None,
+                             extra_args={GROUP_ARG: "g"})
+    requests = {rid: SimpleNamespace(sampling_params=params, output_token_ids=answer[:3]) for rid in ("a", "b")}
+
+    class SamplerStandIn:
+        def forward(self, metadata, draft_probs, logits, sampling_metadata):
+            return SimpleNamespace(sampled_token_ids=self.verdicts)
+
+    runner = SimpleNamespace(input_batch=_batch([("s", [1, 2], answer)]), requests={"s": requests["a"]},
+                             rejection_sampler=SamplerStandIn())
+    drafter = GroupDrafter(_DrafterConfig(), runner=runner, read_here=True)
+    drafter.propose([answer[-1:]])  # a sibling of the group decodes the whole answer, and leaves
+    runner.input_batch, runner.requests = _batch([]), {}
+    drafter.propose([])
+    runner.input_batch, runner.requests = _batch([("a", [1, 2], answer[:3]), ("b", [1, 2], answer[:3])]), requests
+    batch = runner.input_batch
+    drafts = drafter.propose([answer[2:3]] * 2, batch.num_tokens_no_spec, batch.token_ids_cpu)
+    while drafter.drafting.stats.steps % CHECK_EVERY:  # the step verified next is one the law check looks at
+        drafter.drafting.stats.steps += 1
+    assert drafts == [answer[3:7]] * 2
+    assert runner.rejection_sampler.forward.__name__ == "forward" and drafter._guarded is runner.rejection_sampler
+    vocab = 100
+    metadata = SpecDecodeMetadata.make_dummy(drafts, torch.device("cpu"))
+    metadata.target_logits_indices = torch.arange(8, dtype=torch.int32)
+    runner.rejection_sampler.verdicts = torch.tensor([answer[3:5] + [99, -1, -1], answer[3:8]])  # 2 kept, then 4
+    sampling = SimpleNamespace(all_greedy=False, temperature=torch.ones(2), no_penalties=True,
+                               allowed_token_ids_mask=None, bad_words_token_ids={})
+    runner.rejection_sampler.forward(metadata, None, torch.zeros(10, vocab), sampling)
+    assert drafter.drafting.stats.drafted == 0  # read at the next proposal, not before
+    runner.input_batch = _batch([("a", [1, 2], answer[:3] + [52, 53, 99]), ("b", [1, 2], answer[:8])])
+    drafter.propose([[99], answer[7:8]])
+    s = drafter.drafting.stats
+    assert (s.drafted, s.accepted) == (8, 6)
+    assert s.law.tested == 3 + 4 and s.law.accepted == 6 and s.law.expected == pytest.approx(7 / vocab)

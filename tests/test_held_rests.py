@@ -20,12 +20,14 @@ it, once the output is out); ``abort`` ends every
     def __init__(self):
         self.waiting: dict[str, asyncio.Future] = {}
         self.sent: list[str] = []
+        self.params: dict[str, dict] = {}  # each request's sampling parameters as vLLM got them
         self.reasons: dict[str, str | None] = {}  # a probe's finish reason, where not "length" (None: never told)
 
     async def generate(self, server, prompt_ids, sampling_params, request_id, *args, priority=0, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         self.sent.append(request_id)
+        self.params[request_id] = sampling_params
         done = self.waiting[request_id] = asyncio.get_running_loop().create_future()
         if not await done:
             return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted")
@@ -50,10 +52,11 @@ it, once the output is out); ``abort`` ends every
         return {"aborted_count": 0}
 
 
-@pytest.fixture
-def server(monkeypatch, tiny_checkpoint_dir):
-    """An ``InfiniteVLLMServer`` with verl's config (2 slots: 4 requests inside vLLM at most, learned:k=4 probes),
-    verl's ``generate`` and ``abort_all_requests`` answered by the stand-in."""
+@pytest.fixture(params=["off"])
+def server(request, monkeypatch, tiny_checkpoint_dir):
+    """An ``InfiniteVLLMServer`` with verl's config (2 slots: 4 requests inside vLLM at most, learned:k=4 probes;
+    ``custom.speculative`` the fixture's parameter), verl's ``generate`` and ``abort_all_requests`` answered by the
+    stand-in."""
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
     from verl_infsample.integration.rollout.vllm.server import InfiniteVLLMServer
@@ -61,6 +64,7 @@ def server(monkeypatch, tiny_checkpoint_dir):
     cfg = compose(f"actor_rollout_ref.model.path={tiny_checkpoint_dir}", "actor_rollout_ref.rollout.custom.engine=vllm",
                   "actor_rollout_ref.rollout.custom.slots=2", "actor_rollout_ref.rollout.n=6",
                   "actor_rollout_ref.rollout.custom.predictor='learned:k=4'",
+                  f"actor_rollout_ref.rollout.custom.speculative={request.param}",
                   "actor_rollout_ref.rollout.max_model_len=512", "trainer.device=cpu")
     vllm = VLLMStandIn()
     monkeypatch.setattr(vLLMHttpServer, "generate", lambda self, *a, **kw: vllm.generate(self, *a, **kw))
@@ -116,7 +120,38 @@ def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
         assert order.held == 0 and order.in_engine == 0
         assert all(o.stop_reason == "completed" and len(o.token_ids) == 12 == len(o.log_probs) for o in outs)
         assert server._counts["rests_held"] >= 2 and server._counts["probe_continuations"] == 6
-        assert server._counts["plan_ms"] > 0  # the order's time, for infsample/plan_ms
+        assert server.gate.plan_ms > 0  # the order's time, for infsample/plan_ms
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("server", ["group"], indirect=True)
+def test_the_drafter_hears_a_probe_as_its_samples_head_and_its_rest_at_the_prediction_after_it(server):
+    """With group drafts, a probe tells the drafter it is a head (its tokens are no answer of their own) at the
+    prediction it was sent with; its rest, whose prompt carries the probe's tokens, counts its response from the
+    sample's prompt, at the sample's prediction as it stands after the probe."""
+    from verl_infsample.drafter.hints import GROUP_ARG, HEAD_ARG, PREDICTED_ARG, RESPONSE_START_ARG
+
+    after_probe, predicted = server.order.after_probe, []
+
+    def recorded_after_probe(request, opening):
+        priority = after_probe(request, opening)
+        predicted.append(request.sample.predicted_len)
+        return priority
+
+    server.order.after_probe = recorded_after_probe
+
+    async def scenario():
+        vllm = server.vllm
+        call = asyncio.ensure_future(server.generate([1, 2, 3], {"max_tokens": 12}, "r0"))
+        await asyncio.sleep(0)
+        head = vllm.params["r0-probe"]["extra_args"]
+        assert head[HEAD_ARG] and RESPONSE_START_ARG not in head
+        await vllm.finish("r0-probe")
+        rest = vllm.params["r0"]["extra_args"]
+        assert rest == {GROUP_ARG: head[GROUP_ARG], RESPONSE_START_ARG: 3, PREDICTED_ARG: int(predicted[0] or 12)}
+        await vllm.finish("r0")
+        assert len((await call).token_ids) == 12
 
     asyncio.run(scenario())
 
@@ -217,3 +252,10 @@ def test_a_probe_without_a_finish_reason_fails_loudly(server, monkeypatch):
         assert server.order.in_engine == 0 and not server._probe_reasons
 
     asyncio.run(scenario())
+
+
+def test_a_callers_priority_is_refused_by_name(server):
+    """The plan sets every request's vLLM priority; a caller that sends its own is told so, nothing reaches vLLM."""
+    with pytest.raises(ValueError, match=r"generate\(priority=5\).*custom.policy.*send priority=0"):
+        asyncio.run(server.generate([1, 2, 3], {"max_tokens": 12}, "r0", priority=5))
+    assert server.vllm.sent == []

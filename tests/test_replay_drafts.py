@@ -40,9 +40,16 @@ def _run(requests, spec: DraftSetup | None, seqs: int = 8, cost=True, blocks: in
     return ReplicaReplay(model_config_dir(QWEN8), setup, model, QWEN8.vocab, drafts=spec).run(requests)
 
 
+def _hints(group: str | None) -> dict | None:
+    """What the server tells the drafter of a request of ``group`` (None: plain vLLM, nothing)."""
+    from verl_infsample.drafter.hints import GROUP_ARG
+
+    return {GROUP_ARG: group} if group is not None else None
+
+
 def _requests(groups, group_hint=False) -> list[ReplayRequest]:
     return [ReplayRequest(f"{g.prompt_id}-{j}", tuple(g.prompt), len(r), tokens=tuple(r),
-                          group=g.prompt_id if group_hint else None)
+                          hints=_hints(g.prompt_id if group_hint else None))
             for g in groups for j, r in enumerate(g.responses)]
 
 
@@ -69,12 +76,13 @@ def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token(method)
     group = "g" if method == "group" else None
     opening = tuple(range(2000, 2030))
     diverging = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=opening + tuple(range(3000 + 30 * i, 3030 + 30 * i)),
-                               group=group) for i in range(4)]
+                               hints=_hints(group)) for i in range(4)]
     res = _run(diverging, DraftSetup(method, tokens=4), seqs=2)
     assert res.accepted <= 2 * len(opening) and res.engine_steps >= 2 * 30 + 30 // 5  # each tail token a step
     assert (res.accepted > 0) == (method != "ngram")
     phrase = (5, 6, 7, 8, 9)
-    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12, group=group) for i in range(4)]
+    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12, hints=_hints(group))
+               for i in range(4)]
     res = _run(looping, DraftSetup(method, tokens=4))
     assert res.output_tokens / res.decode_rows > 3 and res.engine_steps < 25
 
@@ -151,8 +159,7 @@ def test_replay_with_drafts_end_to_end_and_its_errors(tmp_path, capsys):
     for flags, match in [(["--spec", "suffix"], "--spec-accept"), (["--spec", "eagle"], "--spec 'eagle'"),
                          (["--spec", "suffix", "--spec-accept", "2"], "--spec-accept"),
                          (["--spec", "suffix", "--spec-tokens", "0", "--spec-accept", "0.5"], "--spec-tokens"),
-                         (["--spec", "group", "--spec-accept", "0.5", "--backend", "transformers"], "transformers"),
-                         (["--rounds", "-1"], "--rounds")]:
+                         (["--spec", "group", "--spec-accept", "0.5", "--backend", "transformers"], "transformers")]:
         assert cli(["replay", "--trace", str(synth), "--num-blocks", "200", *flags]) == 2
         err = capsys.readouterr().err
         assert match in err and "Traceback" not in err
@@ -162,46 +169,28 @@ def test_replay_with_drafts_end_to_end_and_its_errors(tmp_path, capsys):
     assert labels[:2] == ["off", "group@0.5"]
 
 
-def test_drafting_rounds_hold_a_groups_later_samples_until_a_sibling_finished():
-    """Siblings that answer alike: side by side they have nothing finished to draft from; held until the first
-    one finished, the rest draft its whole answer."""
-    from infsample_lab.replay.rounds import replay_rounds
-
-    answer = tuple(range(1000, 1080))
-    requests = [ReplayRequest(f"g{g}-{j}", (g + 1, 7, 7), 80 - j, tokens=answer[:80 - j], group=f"g{g}")
-                for g in range(3) for j in range(4)]
-    setup = ReplicaSetup(num_blocks=400, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
-
-    def replay():
-        return ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab, drafts=DraftSetup("group", tokens=8))
-
-    together = replay().run(requests)
-    rounds = replay_rounds(replay(), requests, first=1)
-    assert sorted(rounds.finished) == sorted(together.finished) == sorted((r.request_id, r.length) for r in requests)
-
-    def first_done(res):  # each group's first sample to finish
-        return {rid.split("-")[0]: rid for rid, _ in reversed(res.finished)}
-
-    assert first_done(rounds) == {f"g{g}": f"g{g}-0" for g in range(3)}  # the rest waited for it
-    assert first_done(together) == {f"g{g}": f"g{g}-3" for g in range(3)}  # side by side: the shortest ends first
-    assert rounds.accepted > together.accepted
-    assert rounds.output_tokens / rounds.decode_rows > 2 * together.output_tokens / together.decode_rows
-
-
 def test_the_drafter_hears_what_the_server_knows_of_a_length_never_the_truth():
-    """The server tells the group drafter a sample's predicted length, or where it predicts none its token budget
-    (``max_tokens``); the replay tells the drafter the same, never the sample's true length."""
-    from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG
+    """The replay's requests tell the drafter what the server's do (one function, ``drafter.hints``): a sample's
+    group, its predicted length or else its token budget, never its true length; a probe is a head, at the
+    prediction it was sent with; its rest counts its response from the sample's prompt, at the prediction after the
+    probe."""
+    from infsample_lab.replay.backends import InfiniteBackend, StepSample
 
-    setup = ReplicaSetup(num_blocks=400, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
-    replay = ReplicaReplay(model_config_dir(QWEN8), setup, None, QWEN8.vocab, drafts=DraftSetup("group", tokens=4))
-    replay.start()
-    for r in (ReplayRequest("unpredicted", (1, 2, 3), 50, group="g", budget=300),
-              ReplayRequest("predicted", (1, 2, 3), 50, group="g", budget=300, predicted_len=120.0),
-              ReplayRequest("nothing-known", (1, 2, 3), 50, group="g")):
-        replay.submit(r)
-    told = {rid: replay.scheduler.requests[rid].sampling_params.extra_args for rid in
-            ("unpredicted", "predicted", "nothing-known")}
-    assert told["unpredicted"] == {GROUP_ARG: "g", PREDICTED_ARG: 300}
-    assert told["predicted"] == {GROUP_ARG: "g", PREDICTED_ARG: 120}
-    assert told["nothing-known"] == {GROUP_ARG: "g"}  # bounded by its room alone, as the drafter does without a hint
+    from verl_infsample.drafter.hints import GROUP_ARG, HEAD_ARG, PREDICTED_ARG, RESPONSE_START_ARG
+
+    def sent(predictor: str, probe_tokens: int = 0):
+        backend = InfiniteBackend(1, predictor, 300, probe_tokens=probe_tokens)
+        samples = [StepSample(f"s{i}", "g", (1, 2, 3), 0, i, 50, opening=(7,) * 8) for i in range(2)]
+        return backend, backend.route(samples)[0]
+
+    _, (whole, _) = sent("history")  # nothing learned of the prompt yet: the budget
+    assert whole.hints == {GROUP_ARG: "g", PREDICTED_ARG: 300}
+    backend, (probed, _) = sent("learned:k=4", probe_tokens=4)
+    order_request = backend._requests["s0"]
+    assert probed.hints[HEAD_ARG] and probed.hints[PREDICTED_ARG] == 300 and probed.request_id == "s0-probe"
+    assert probed.rest.hints == {GROUP_ARG: "g", RESPONSE_START_ARG: 3,
+                                 PREDICTED_ARG: int(order_request.sample.predicted_len or 300)}
+    _, (oracle, _) = sent("oracle")
+    assert oracle.hints[PREDICTED_ARG] == 50  # the oracle's prediction: its own, the replay adds nothing
+
+

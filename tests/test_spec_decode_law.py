@@ -12,7 +12,7 @@ fixed sampler and raises its alarm on the flawed one."""
 import pytest
 
 from infsample_lab.bench.sampled_law import Z_LIMIT, sample, z_scores
-from verl_infsample.spec.law_guard import LawTally
+from verl_infsample.drafter.law_guard import LawTally
 
 SAMPLES = 120  # per prompt and setting
 

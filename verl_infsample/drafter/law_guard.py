@@ -53,6 +53,23 @@ class LawTally:
         return self.tested >= MIN_TESTED and abs(self.z) > ALARM_Z
 
 
+def rows_to_check(step: int, num_draft_tokens, plain) -> list[int]:
+    """The rows whose draft positions this step checks: none but one step in ``CHECK_EVERY``; then whole rows, a
+    different share each step, up to ``POSITIONS_PER_STEP`` positions, among those ``plain(i)`` says are sampled
+    from temperature, top-k and top-p alone."""
+    rows = len(num_draft_tokens)
+    if step % CHECK_EVERY or not rows:
+        return []
+    offset, budget, chosen = (step * 7) % rows, POSITIONS_PER_STEP, []
+    for r in range(rows):
+        i = (offset + r) % rows
+        n = num_draft_tokens[i]
+        if n and budget >= n and plain(i):
+            chosen.append(i)
+            budget -= n
+    return chosen
+
+
 def target_probabilities(logits, temperature, top_k, top_p, tokens):
     """p(token) under the request's own sampling parameters, per draft position (torch tensors, one row each; a
     top-k of 0 or at least the vocabulary, or a top-p of 1, is off). vLLM's rule, written apart from vLLM's code:

@@ -37,8 +37,7 @@ class _Partings:
 class SourceChoice:
     """Each running row's choice between its two drafts, and the partings each source has won for it."""
 
-    def __init__(self, *, memory: float = WIN_MEMORY, margin: float = WIN_MARGIN):
-        self.memory, self.margin = memory, margin
+    def __init__(self):
         self._rows: dict[Hashable, _Partings] = {}
         self._offered: dict[Hashable, tuple[Draft, Draft]] = {}  # this step's two drafts of each row
 
@@ -48,9 +47,9 @@ class SourceChoice:
         if long.token_ids[:len(short.token_ids)] == short.token_ids:
             return long if len(long.token_ids) > len(short.token_ids) else run
         won = self._rows.get(req_id, _Partings())
-        if won.group > won.run + self.margin:
+        if won.group > won.run + WIN_MARGIN:
             return group
-        if won.run > won.group + self.margin:
+        if won.run > won.group + WIN_MARGIN:
             return run
         return group if group.score > run.score else run
 
@@ -63,8 +62,8 @@ class SourceChoice:
         known = list(takewhile(lambda t: t >= 0, (int(t) for t in output)))
         group, run = (accepted_prefix(d.token_ids, known) for d in offered)
         won = self._rows.setdefault(req_id, _Partings())
-        won.group = self.memory * won.group + (group > run)
-        won.run = self.memory * won.run + (run > group)
+        won.group = WIN_MEMORY * won.group + (group > run)
+        won.run = WIN_MEMORY * won.run + (run > group)
 
     def forget(self, req_id: Hashable) -> None:
         self._rows.pop(req_id, None)

@@ -4,7 +4,7 @@ of the run's recent responses). Which of the two drafts a row takes, ``source_ch
 
 Trees are arctic-inference's C++ suffix trees (``SuffixDecodingCache`` for vLLM's part, its ``SuffixTree`` for the
 groups). Memory is bounded in bytes, counted at ``TREE_BYTES_PER_TOKEN``: all trees together stay under
-``memory_bytes``. The run's tree keeps at most half of it (and at most ``global_responses`` answers, as vLLM's own
+``memory_bytes``. The run's tree keeps at most half of it (and at most ``GLOBAL_RESPONSES`` answers, as vLLM's own
 suffix drafter), its oldest answers dropped first; the groups keep what the run's tree leaves, each its latest
 ``group_responses`` answers, least recently used groups with nothing running dropped first. What is running is
 never dropped.
@@ -52,35 +52,36 @@ class _Group:
     total: int = 0  # their sum
 
 
+@dataclass(frozen=True)
+class _Member:
+    group: Hashable
+    seq: int  # its sequence id in the group's tree
+    answer: bool  # kept as an answer when it stops (a head's tokens are not)
+
+
 class DraftTrees:
     """Requests start, grow and stop; each may ask for a draft of its next tokens at any time."""
 
-    def __init__(self, *, max_depth: int = MAX_TREE_DEPTH, min_token_prob: float = MIN_TOKEN_PROB,
-                 global_responses: int = GLOBAL_RESPONSES, memory_bytes: int = TREE_BYTES,
-                 group_responses: int = GROUP_RESPONSES, use_groups: bool = True,
-                 group_spec_factor: float = GROUP_SPEC_FACTOR,
-                 group_spec_offset: float = 0.0, group_min_prob: float | None = None):
+    def __init__(self, *, memory_bytes: int = TREE_BYTES, group_responses: int = GROUP_RESPONSES):
         SuffixDecodingCache, self._SuffixTree = _arctic()
-        self.max_depth, self.min_token_prob = max_depth, min_token_prob
-        self.memory_bytes, self.group_responses, self.use_groups = memory_bytes, group_responses, use_groups
-        self.global_responses = global_responses
-        self.group_spec = (group_spec_factor, group_spec_offset,
-                           min_token_prob if group_min_prob is None else group_min_prob)
+        self.memory_bytes, self.group_responses = memory_bytes, group_responses
         # one more than ours: the run's tree never drops an answer by itself, so what it holds is what is counted here
-        self.run = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=global_responses + 1)
+        self.run = SuffixDecodingCache(max_tree_depth=MAX_TREE_DEPTH, max_cached_requests=GLOBAL_RESPONSES + 1)
         self._run_active: dict[Hashable, int] = {}  # running request -> its tokens in the run's trees
         self._run_cached: OrderedDict[Hashable, int] = OrderedDict()  # finished answer -> its tokens, oldest first
         self._run_tokens = 0
         self.groups: OrderedDict[Hashable, _Group] = OrderedDict()  # least recently used first
         self.choice = SourceChoice()
-        self._member: dict[Hashable, tuple[Hashable, int]] = {}  # running request -> (group, sequence id)
+        self._member: dict[Hashable, _Member] = {}  # running request -> where it is in its group
         self._tokens = 0  # in all group trees
 
     @property
     def active(self):
         return self._member.keys()
 
-    def start(self, req_id: Hashable, group: Hashable, prompt: Sequence[int] | np.ndarray) -> None:
+    def start(self, req_id: Hashable, group: Hashable, prompt: Sequence[int] | np.ndarray, answer: bool = True) -> None:
+        """``answer`` False: the request is a sample's head (its probe), whose tokens leave the trees when it stops:
+        its rest carries them, as one answer."""
         if req_id in self.run.active_requests:
             self.stop(req_id)
         if req_id in self.run.cached_requests:  # a request id used again (vLLM's own proposer does the same)
@@ -88,16 +89,13 @@ class DraftTrees:
         self.run.start_request(req_id, _int32(prompt))
         self._run_active[req_id] = len(prompt)
         self._run_tokens += len(prompt)
-        if self.use_groups:
-            g = self.groups.get(group)
-            if g is None:
-                g = self.groups[group] = _Group(self._SuffixTree(self.max_depth))
-            self.groups.move_to_end(group)
-            g.running.add(g.next_seq)
-            self._member[req_id] = (group, g.next_seq)
-            g.next_seq += 1
-        else:
-            self._member[req_id] = (None, -1)
+        g = self.groups.get(group)
+        if g is None:
+            g = self.groups[group] = _Group(self._SuffixTree(MAX_TREE_DEPTH))
+        self.groups.move_to_end(group)
+        g.running.add(g.next_seq)
+        self._member[req_id] = _Member(group, g.next_seq, answer)
+        g.next_seq += 1
 
     def extend(self, req_id: Hashable, tokens: Sequence[int] | np.ndarray) -> None:
         if len(tokens) == 0:
@@ -106,47 +104,45 @@ class DraftTrees:
         self.run.add_active_response(req_id, tokens)
         self._run_active[req_id] += len(tokens)
         self._run_tokens += len(tokens)
-        group, seq = self._member[req_id]
-        if group is not None:
-            g = self.groups[group]
-            g.tree.extend_ndarray(seq, tokens)
-            g.tokens[seq] = g.tokens.get(seq, 0) + len(tokens)
-            g.total += len(tokens)
-            self._tokens += len(tokens)
+        m = self._member[req_id]
+        g = self.groups[m.group]
+        g.tree.extend_ndarray(m.seq, tokens)
+        g.tokens[m.seq] = g.tokens.get(m.seq, 0) + len(tokens)
+        g.total += len(tokens)
+        self._tokens += len(tokens)
 
     def stop(self, req_id: Hashable) -> None:
-        """The request left the batch (finished, aborted or preempted): its response stays a draft source."""
+        """The request left the batch (finished or aborted): its response stays a draft source, a head's aside."""
         self.run.stop_request(req_id)
         self.choice.forget(req_id)
         self._run_cached[req_id] = self._run_active.pop(req_id)  # its prompt's tree goes; its answer stays
-        while self._run_cached and (len(self._run_cached) > self.global_responses
+        m = self._member.pop(req_id)
+        if not m.answer:
+            self._drop_run_answer(req_id)
+        while self._run_cached and (len(self._run_cached) > GLOBAL_RESPONSES
                                     or self.run_memory() > self.memory_bytes // 2):
             self._drop_run_answer(next(iter(self._run_cached)))
-        group, seq = self._member.pop(req_id)
-        if group is None:
-            return
-        g = self.groups[group]
-        g.running.discard(seq)
-        g.finished.append(seq)
+        g = self.groups[m.group]
+        g.running.discard(m.seq)
+        if m.answer:
+            g.finished.append(m.seq)
+        else:
+            self._drop_sequence(g, m.seq)
         while len(g.finished) > self.group_responses:
-            oldest = g.finished.popleft()
-            g.tree.remove(oldest)
-            dropped = g.tokens.pop(oldest, 0)
-            g.total -= dropped
-            self._tokens -= dropped
+            self._drop_sequence(g, g.finished.popleft())
         self._evict()
 
     def propose(self, req_id: Hashable, context: np.ndarray | Sequence[int], max_tokens: int) -> Draft:
         if max_tokens <= 0:
             return NO_DRAFT
-        context = _int32(context[-self.max_depth:])
-        run = self.run.speculate(req_id, context, max_spec_tokens=max_tokens, min_token_prob=self.min_token_prob)
-        best = Draft(list(run.token_ids), run.score, "run")
-        group, _ = self._member[req_id]
-        if group is not None:
-            self.groups.move_to_end(group)
-            d = self.groups[group].tree.speculate_ndarray(context, max_tokens, *self.group_spec, False)
-            best = self.choice.choose(req_id, Draft(list(d.token_ids), d.score, "group"), best)
+        context = _int32(context[-MAX_TREE_DEPTH:])
+        run = self.run.speculate(req_id, context, max_spec_tokens=max_tokens, min_token_prob=MIN_TOKEN_PROB)
+        group = self._member[req_id].group
+        self.groups.move_to_end(group)
+        d = self.groups[group].tree.speculate_ndarray(context, max_tokens, GROUP_SPEC_FACTOR, 0.0, MIN_TOKEN_PROB,
+                                                      False)
+        best = self.choice.choose(req_id, Draft(list(d.token_ids), d.score, "group"),
+                                  Draft(list(run.token_ids), run.score, "run"))
         return best if best.token_ids else NO_DRAFT
 
     def verified(self, req_id: Hashable, output: Sequence[int]) -> None:
@@ -163,6 +159,12 @@ class DraftTrees:
 
     def memory(self) -> int:
         return self.run_memory() + self.group_memory()
+
+    def _drop_sequence(self, g: _Group, seq: int) -> None:
+        g.tree.remove(seq)
+        dropped = g.tokens.pop(seq, 0)
+        g.total -= dropped
+        self._tokens -= dropped
 
     def _drop_run_answer(self, req_id: Hashable) -> None:
         self.run.evict_cached_response(req_id)

@@ -15,7 +15,7 @@ from ..predict import make_predictor
 PREFIX = "actor_rollout_ref.rollout.custom"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("auto", "transformers", "vllm")  # the server's decode engine (rollout.factory.rollout_engine)
-SPECULATIVE = ("off", "ngram", "suffix", "group")  # drafts verified by vLLM (spec.GroupDrafter for group)
+SPECULATIVE = ("off", "ngram", "suffix", "group")  # drafts verified by vLLM (drafter.GroupDrafter for group)
 MAX_SPECULATIVE_TOKENS = 32
 NEEDS_ARCTIC = ("suffix", "group")  # their suffix trees are arctic-inference's
 LAW_GUARD = ("warn", "off_drafts", "fail")  # what the group drafter's law check does when verification moves the law
@@ -31,7 +31,8 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class InfiniteRolloutSettings:
     engine: str = "auto"  # auto (vllm with accelerators and vLLM present, else transformers) | transformers | vllm
-    policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here)
+    policy: str = "infinite"  # full | naive | continuous | lpt | infinite | plain (oracle needs true lengths: not here;
+    # on vLLM: infinite | continuous | plain, ``VLLM_ORDERING``)
     slots: int | None = None  # M: samples decoded at once (default: rollout.max_num_seqs; on vllm it sets that)
     kv_budget: int | None = None  # KV tokens instead of slots (prompt once per group in flight + generated)
     predictor: str = "history"  # none | history | learned[:k=K,forget=F,min=N,q=Q,state=PATH] (online, token-conditioned;
@@ -121,17 +122,25 @@ class InfiniteRolloutSettings:
                 "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
                           "prompt_lookup_max": 5},
                 "suffix": {"method": "suffix", "num_speculative_tokens": k},
-                "group": {"method": "custom_class", "model": "verl_infsample.spec.GroupDrafter",
+                "group": {"method": "custom_class", "model": "verl_infsample.drafter.GroupDrafter",
                           "num_speculative_tokens": k}}[self.speculative]
 
 
-# custom.policy -> how requests are ordered for vLLM (vllm.priority); full and naive are round-based, which vLLM's
-# continuous batching does not run (refilling a freed slot at once is what continuous sampling is)
-VLLM_ORDERING = {"plain": "arrival", "continuous": "group", "lpt": "longest_first", "infinite": "longest_first"}
+# custom.policy -> how requests are ordered for vLLM (vllm.priority). vLLM refills each freed slot itself, from its
+# waiting requests by priority, so a policy reaches it as an order alone. infinite's is longest predicted first: the
+# FPTAS plan's lanes and start times have nothing in vLLM to bind to. That is lpt's order too, so on vLLM one name
+# runs it and lpt is refused (on the transformers engine the two differ: lpt refills longest predicted first, infinite
+# admits in the plan's start order). full and naive are round-based, which vLLM's continuous batching does not run.
+VLLM_ORDERING = {"plain": "arrival", "continuous": "group", "infinite": "longest_first"}
 
 
 def vllm_ordering(settings: InfiniteRolloutSettings) -> str:
     """The request ordering ``settings`` ask of vLLM; a setting vLLM cannot honour is refused by name."""
+    if settings.policy == "lpt":
+        raise SettingsError(f"{PREFIX}.policy='lpt': on vLLM it is infinite's order (longest predicted first; vLLM "
+                            "refills each freed slot itself, so a policy reaches it as an order alone); set "
+                            f"{PREFIX}.policy=infinite (the default), or {PREFIX}.engine=transformers, where lpt "
+                            "refills longest predicted first and infinite admits by its plan")
     if settings.policy not in VLLM_ORDERING:
         raise SettingsError(f"{PREFIX}.policy={settings.policy!r}: a round-based policy, which vLLM's continuous "
                             f"batching does not run; on vLLM choose one of: {', '.join(VLLM_ORDERING)} (or "

@@ -107,12 +107,12 @@ class Proposer:
 
             self.impl = SuffixDecodingProposer(config)
         elif method == "group":
-            from verl_infsample.spec import GroupDrafter
-            from verl_infsample.spec.budget import DraftBudget
+            from verl_infsample.drafter import GroupDrafter
+            from verl_infsample.drafter.budget import DraftBudget
 
             self.impl = GroupDrafter(config, runner=object())
             if step_tokens > 0:
-                self.impl.budget = DraftBudget(max_tokens=k, step_tokens=step_tokens)
+                self.impl.drafting.budget = DraftBudget(max_tokens=k, step_tokens=step_tokens)
         else:
             raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS)}")
 
@@ -129,17 +129,17 @@ class Proposer:
     @property
     def drafting_s(self) -> float | None:
         """The group drafter's time on the rows that drafted (None: vLLM's proposers draft on every row)."""
-        return self.impl.stats.drafting_s if self.method == "group" else None
+        return self.impl.drafting.stats.drafting_s if self.method == "group" else None
 
     @property
     def proposing_rows(self) -> int:
         """Rows proposed for so far: vLLM's own proposers every decoding row, the group drafter those its budget
         let propose."""
-        return self.impl.stats.proposing_rows if self.method == "group" else self._proposed
+        return self.impl.drafting.stats.proposing_rows if self.method == "group" else self._proposed
 
     def verified(self, req_ids, drafts, outputs) -> None:
         if self.method == "group":
-            self.impl.verified(req_ids, drafts, outputs)
+            self.impl.drafting.verified(req_ids, drafts, outputs)
 
 
 @dataclass

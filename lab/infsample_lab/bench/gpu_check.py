@@ -93,7 +93,7 @@ def model_folder(a) -> str:
 
 
 def run_law(a) -> dict:
-    from verl_infsample.spec.law_guard import LawTally
+    from verl_infsample.drafter.law_guard import LawTally
 
     from .sampled_law import Z_LIMIT, sample, z_scores
 

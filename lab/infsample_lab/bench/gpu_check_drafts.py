@@ -66,7 +66,7 @@ def run_lane(a, model: str, spec: str, prompts: list[list[int]]) -> dict:
     from vllm.inputs import TokensPrompt
 
     from verl_infsample.integration.settings import InfiniteRolloutSettings
-    from verl_infsample.spec.group_drafter import GROUP_ARG
+    from verl_infsample.drafter.hints import GROUP_ARG
 
     config = InfiniteRolloutSettings(speculative=spec, speculative_tokens=a.spec_tokens).speculative_config()
     extra = dict(enforce_eager=True, dtype="float32") if a.dry_run else dict(gpu_memory_utilization=0.85)

@@ -121,7 +121,7 @@ def main() -> None:
     out["greedy"] = [list(r.outputs[0].token_ids) for r in greedy]
     out["logprob_gap"] = _recomputed_gap(args.model, ids[0], recompute)
     if args.drafts == "group":
-        from verl_infsample.spec import pop_drafter_stats
+        from verl_infsample.drafter import pop_drafter_stats
 
         out["drafter"] = llm.collective_rpc(pop_drafter_stats)[0]
     counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}

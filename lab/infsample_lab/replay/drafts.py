@@ -158,13 +158,13 @@ class _Hinted:
     """A request as the drafter reads its server's hints (``extra_args``)."""
 
     def __init__(self, group: str):
-        from verl_infsample.spec.group_drafter import GROUP_ARG
+        from verl_infsample.drafter.hints import GROUP_ARG
 
         self.sampling_params = type("Params", (), {"extra_args": {GROUP_ARG: group}})()
 
 
 def _product_step_tokens() -> int:
-    from verl_infsample.spec.budget import DraftBudget
+    from verl_infsample.drafter.budget import DraftBudget
 
     return DraftBudget().step_tokens
 
@@ -175,7 +175,7 @@ class SyntheticDrafter:
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
     def __init__(self, setup: DraftSetup, token_of):
-        from verl_infsample.spec.budget import AcceptanceRecord, DraftBudget
+        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget
 
         self.setup = setup
         self.token_of = token_of

@@ -72,8 +72,7 @@ class ReplayRequest:
     rest: "ReplayRequest | None" = None
     predicted_len: float = 0.0  # its sample's predicted total length, for a gate in front of vLLM
     tokens: tuple[int, ...] | None = None  # the ids it generates, where the trace recorded them (len == length)
-    group: str | None = None  # its group, where its server names it to the drafter (``rollout.name=infinite``)
-    budget: int = 0  # its sample's token budget (max_tokens), the length hint its server gives where it predicts none
+    hints: dict | None = None  # what its server tells the drafter (``drafter.hints``; ``rollout.name=infinite``)
 
 
 @dataclass
@@ -254,14 +253,8 @@ class ReplicaReplay:
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
-        from verl_infsample.spec.group_drafter import GROUP_ARG, PREDICTED_ARG
-
         i = len(self._tokens)
-        hints = None
-        if r.group:  # what the server tells the drafter: the group, and the prediction or else the token budget
-            hint = int(r.predicted_len or r.budget)
-            hints = {GROUP_ARG: r.group, **({PREDICTED_ARG: hint} if hint > 0 else {})}
-        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0, extra_args=hints)
+        params = SamplingParams(max_tokens=r.length, ignore_eos=True, temperature=1.0, extra_args=r.hints)
         self.scheduler.add_request(Request(r.request_id, list(r.prompt_tokens), params, None, arrival_time=float(i),
                                            priority=r.priority, block_hasher=self._hasher))
         rng = np.random.default_rng(i)

@@ -15,6 +15,11 @@ What runs where:
   ``transformers.batching``).
 - **the rollout thread** of a transformers server: ``transformers.live_rollout`` drives the core scheduler and the
   engine, one decode step at a time, taking arrivals between steps.
-- **vLLM's engine process and workers**: nothing of ours but its stat logger's per-step figures (``vllm.stats``,
-  recorded on the server's event loop) and, on CPU, the opt-in patches (``integration.vllm_plugin``).
+- **vLLM's engine process**: its stat logger's per-step figures (``vllm.stats``: vLLM calls our listener, which
+  records them on the server's event loop).
+- **vLLM's workers**: with ``custom.speculative=group`` the group drafter (``verl_infsample.drafter``: vLLM builds
+  it in the runner of each worker, calls its ``propose`` each step, and its rejection sampler's verdicts reach it;
+  it drafts in the engine's first tensor-parallel worker) and the worker extension the server's ``collective_rpc``
+  calls (``vllm.worker_extension``: the drafter's figures, the law guard's stop); on CPU, the opt-in patches
+  (``integration.vllm_plugin``).
 """

@@ -10,11 +10,7 @@ the run-time law check of ``spec.law_guard``), fetched by ``collective_rpc`` (``
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass
-
-from ....spec.group_drafter import GROUP_ARG, PREDICTED_ARG
-from ....spec.law_guard import LawTally
+from ....drafter.law_guard import LawTally
 from ...settings import PREFIX
 
 logger = logging.getLogger(__name__)
@@ -33,39 +29,6 @@ def refuse_what_drafts_change(speculative: str, sampling_params: dict) -> None:
             raise ValueError(f"sampling parameter {key}={sampling_params[key]!r}: vLLM refuses it while drafts "
                              f"are on (actor_rollout_ref.rollout.custom.speculative={speculative!r}); remove it, or "
                              "set custom.speculative=off")
-
-
-@dataclass(frozen=True)
-class _FirstArrival:
-    group: str
-    predicted: int  # the sample's predicted length (or its budget) when it first arrived
-    prompt_len: int  # its prompt's tokens when it first arrived
-
-
-class DraftHints:
-    """What the server tells the group drafter of each request (``extra_args``): its group and its predicted length.
-    verl resumes a request it aborted (a weight sync in its asynchronous modes) under the same request id, its prompt
-    now holding the partial answer: the hints stay those of its first arrival (its group, not a new one keyed by
-    the longer prompt; the prediction less what it already generated)."""
-
-    KEPT = 65_536  # aborted requests remembered until they resume (the oldest forgotten first)
-
-    def __init__(self):
-        self._aborted: OrderedDict[str, _FirstArrival] = OrderedDict()
-        self._live: dict[str, _FirstArrival] = {}  # requests in flight, as they first arrived
-
-    def extra_args(self, request_id: str, prompt_len: int, group: str, predicted: int) -> dict:
-        first = self._aborted.pop(request_id, None) or _FirstArrival(group, int(predicted), prompt_len)
-        self._live[request_id] = first
-        return {GROUP_ARG: first.group, PREDICTED_ARG: max(1, first.predicted - (prompt_len - first.prompt_len))}
-
-    def ended(self, request_id: str, stop_reason: str | None) -> None:
-        """The request's output came back (``stop_reason`` None: it failed); an aborted one will be resumed."""
-        first = self._live.pop(request_id, None)
-        if first is not None and stop_reason in ("aborted", "abort"):
-            self._aborted[request_id] = first
-            while len(self._aborted) > self.KEPT:
-                self._aborted.popitem(last=False)
 
 
 class LawMoved(RuntimeError):

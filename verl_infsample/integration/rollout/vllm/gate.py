@@ -4,24 +4,37 @@
 ``EngineGate`` is the one place the server changes that count and waits on it: every request goes in through
 ``inside`` (counted in, and out however it returns), a held rest waits in ``turn`` until ``release`` lets it in
 (counted in by the order as it leaves the hold) or ``abort`` answers it. Everything runs on the server's event loop.
+The time spent in the order's work (predictions, ranking, the held rests) is the gate's to count (``planning``): the
+server's event loop feeds vLLM nothing meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Callable
+import time
+from contextlib import contextmanager
 
 from .order import OrderedRequest, VLLMRequestOrder
 
 
 class EngineGate:
-    """``planning``: a context manager around the order's work (the server times it as ``infsample/plan_ms``)."""
-
-    def __init__(self, order: VLLMRequestOrder, planning: Callable[[], AbstractContextManager] = nullcontext):
+    def __init__(self, order: VLLMRequestOrder):
         self.order = order
-        self._planning = planning
+        self.plan_ms = 0.0  # time in the order's work since the last ``pop_plan_ms`` (``infsample/plan_ms``)
         self._turns: dict[int, asyncio.Future] = {}  # id of a held request -> its turn (True: released)
+
+    @contextmanager
+    def planning(self):
+        """Around the order's work, the gate's own and the server's (arrivals, probes, finished samples)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.plan_ms += (time.perf_counter() - start) * 1e3
+
+    def pop_plan_ms(self) -> float:
+        ms, self.plan_ms = self.plan_ms, 0.0
+        return ms
 
     @contextmanager
     def inside(self, released: bool = False):
@@ -37,7 +50,7 @@ class EngineGate:
         """Hold ``request``'s rest until the order releases it. Returns (released, waited): released False when an
         abort dropped it; waited False when it went straight in. If its caller goes away meanwhile, it leaves the
         hold (or, released and never sent, leaves vLLM's count) and the cancellation goes on."""
-        with self._planning():
+        with self.planning():
             self.order.hold(request)
         turn = self._turns[id(request)] = asyncio.get_running_loop().create_future()
         self.release()
@@ -52,7 +65,7 @@ class EngineGate:
 
     def release(self) -> None:
         """The held rests the order releases now go into vLLM."""
-        with self._planning():
+        with self.planning():
             released = self.order.release()
         for request in released:
             turn = self._turns.pop(id(request))

@@ -23,9 +23,11 @@ multi-turn prompts that reuse their KV through vLLM's prefix cache. What it adds
   and without headroom vLLM admits into the last blocks, then preempts and recomputes. A user's
   ``rollout.engine_kwargs.vllm.watermark`` wins;
 - ``custom.slots`` is vLLM's ``max_num_seqs`` (samples decoded at once);
-- ``custom.speculative`` sets vLLM's ``speculative_config``; with ``group`` each request tells the drafter its group
-  and predicted length (``extra_args``), and the drafter's figures and law check come back through the worker
-  extension (``drafts``, ``worker_extension``); what vLLM drops with drafts on is refused by name;
+- ``custom.speculative`` sets vLLM's ``speculative_config``; with ``group`` vLLM's workers build the drafter
+  (``verl_infsample.drafter``: vLLM calls its ``propose`` each step, and its rejection sampler's verdicts reach it),
+  each request tells it its group, predicted length and where its response starts (``extra_args``, written by
+  ``drafter.hints``), and its figures and law check come back through the worker extension (``drafts``,
+  ``worker_extension``); what vLLM refuses with drafts on is refused here first, by name;
 - the step's figures (engine steps, preemptions, tokens computed, peak KV blocks, the engine's own wall time) come
   from vLLM's per-step stats (``stats``) for the ``infinite_sync`` trainer to log, and the lengths of finished
   samples for the group-affinity router (``pop_finished_lengths``).
@@ -35,14 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter, deque
-from contextlib import contextmanager
 
 import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as _verl_vllm
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
+from ....drafter.hints import HINT_KEYS, DraftHints, SampleArrival, length_hint
 from ....predict import make_predictor
 from ....predict.features import TokenWindow
 from ...settings import check_speculative, config_value, settings_from_rollout, vllm_ordering
@@ -79,12 +80,12 @@ class InfiniteVLLMServer(vLLMHttpServer):
         check_speculative(self.settings, "vllm", config_value(config_value(self.config, "engine_kwargs", {}), "vllm"),
                           config_value(self.config, "mtp"))
         self.drafts = drafts.DraftReport(self.settings.speculative, self.settings.law_guard)
-        self.draft_hints = drafts.DraftHints()
+        self.draft_hints = DraftHints()
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
         self.order = VLLMRequestOrder(vllm_ordering(self.settings),
                                       make_predictor(self.settings.predictor, max_len=int(self.config.response_length)),
                                       room=engine_room(max_num_seqs * int(self.config.data_parallel_size or 1)))
-        self.gate = EngineGate(self.order, self._planning)
+        self.gate = EngineGate(self.order)
         self._finished_lengths: deque[tuple[str, int]] = deque(maxlen=FINISHED_LENGTHS_KEPT)
         self._group_size = int(self.config.n or 1)  # GRPO's rollout.n: the samples a prompt's group expects
         self._counts: Counter[str] = Counter()  # probes this step, for infsample/*
@@ -117,8 +118,12 @@ class InfiniteVLLMServer(vLLMHttpServer):
                                "headroom at admission (expect more preemptions in a tight KV pool)")
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, priority: int = 0, **kwargs):
-        """verl's ``generate`` at the plan's priority (the caller's ``priority`` orders what the plan ranks equal),
-        probed where the plan reads tokens."""
+        """verl's ``generate`` at the plan's priority, probed where the plan reads tokens. The plan sets every
+        request's vLLM priority, so a caller's own ``priority`` is refused (verl sends none to this rollout)."""
+        if priority:
+            raise ValueError(f"generate(priority={priority!r}): rollout.name=infinite orders every request by its "
+                             "plan (actor_rollout_ref.rollout.custom.policy) and takes no caller priority; send "
+                             "priority=0, or run rollout.name=vllm to order requests by the caller's priority")
         total = self._max_tokens(prompt_ids, sampling_params)
         drafts.refuse_what_drafts_change(self.settings.speculative, sampling_params)
         refusal = None
@@ -135,29 +140,31 @@ class InfiniteVLLMServer(vLLMHttpServer):
                     self._refusals_logged.add(refusal)
                     logger.warning("rollout.name=infinite: requests with %r run whole, not probed: a split would "
                                    "change what it means (counted in infsample/probe_skipped)", refusal)
-        with self._planning():
-            request = self.order.arrive(prompt_ids, caller=priority, group_size=self._group_size, max_tokens=total,
+        with self.gate.planning():
+            request = self.order.arrive(prompt_ids, group_size=self._group_size, max_tokens=total,
                                         may_probe=refusal is None)
-        if self.settings.speculative == "group":  # what the drafter cannot see in the batch: the sample's group
-            sampling_params = {**sampling_params, "extra_args": {
-                **(sampling_params.get("extra_args") or {}), **self.draft_hints.extra_args(
-                    request_id, len(prompt_ids), request.group.prompt_id, int(request.sample.predicted_len or total))}}
+        arrival = None
+        if self.settings.speculative == "group":  # what the drafter cannot see in the batch (``drafter.hints``)
+            arrival = self.draft_hints.arrive(request_id, len(prompt_ids), request.group.prompt_id)
+            sampling_params = _with_hints(sampling_params, arrival.extra_args(
+                length_hint(request.sample.predicted_len, total), "head" if request.probe else "whole"))
         output = None
         try:
             if request.probe:
-                output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs)
+                output = await self._generate_probed(request, prompt_ids, sampling_params, request_id, total, kwargs,
+                                                     arrival)
             else:
                 output = await self._engine_generate(prompt_ids, sampling_params, request_id, *args,
                                                      priority=request.priority, **kwargs)
             if output.stop_reason == "completed":
                 length = len(output.token_ids)
-                with self._planning():
+                with self.gate.planning():
                     self._finished_lengths.append((self.order.finished(request, length), length))
             return output
         finally:
             self.gate.release()  # what it freed (and taught) goes to the held rests
-            if self.settings.speculative == "group":
-                self.draft_hints.ended(request_id, output.stop_reason if output is not None else None)
+            if arrival is not None:
+                self.draft_hints.ended(request_id, arrival, output.stop_reason if output is not None else None)
 
     async def _engine_generate(self, *args, released: bool = False, **kwargs):
         """verl's ``generate``: one request into vLLM, through the gate (``released``: a held rest, let in)."""
@@ -165,8 +172,9 @@ class InfiniteVLLMServer(vLLMHttpServer):
             return await super().generate(*args, **kwargs)
 
     async def _generate_probed(self, request: OrderedRequest, prompt_ids, sampling_params, request_id, total: int,
-                               kwargs: dict):
-        """The probe, then (unless it ended the sample) the rest at its own prediction's priority, joined."""
+                               kwargs: dict, arrival: SampleArrival | None):
+        """The probe, then (unless it ended the sample) the rest at its own prediction's priority, joined. The
+        drafter (``arrival``) is told the probe is a head, and the rest its prediction after the probe."""
         k = self.order.probe_tokens
         probe_params, rest_params = probe.split_params(sampling_params, total, k)
         probe_id = f"{request_id}{probe.PROBE_SUFFIX}"
@@ -187,8 +195,11 @@ class InfiniteVLLMServer(vLLMHttpServer):
         if head.stop_reason != "completed" or len(head.token_ids) < k or reason.result() != "length":
             return head  # the sample ended within its probe (or was aborted: verl resumes it from its tokens)
         self._counts["probe_continuations"] += 1
-        with self._planning():
+        with self.gate.planning():
             self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
+        if arrival is not None:
+            rest_params = _with_hints(rest_params, arrival.extra_args(
+                length_hint(request.sample.predicted_len, total), "rest"))
         released, waited = await self.gate.turn(request)
         self._counts["rests_held"] += waited  # vLLM was full: it waited here, to be ranked when it had room
         if not released:  # aborted while held: verl resumes it from the probe's tokens
@@ -215,16 +226,6 @@ class InfiniteVLLMServer(vLLMHttpServer):
         reason = self._probe_reasons.get(request_id)
         if reason is not None and not reason.done():
             reason.set_result(finish_reason)
-
-    @contextmanager
-    def _planning(self):
-        """Time spent in the plan's order (predictions, ranking, the held rests), counted in ``infsample/plan_ms``:
-        the server's event loop feeds vLLM nothing meanwhile."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._counts["plan_ms"] += (time.perf_counter() - start) * 1e3
 
     async def abort_all_requests(self, *args, **kwargs):
         """verl's abort, and every held rest answered "aborted" with its probe's tokens (verl resumes it)."""
@@ -259,6 +260,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         counts, self._counts = self._counts, Counter()
         if metrics and "infsample/samples" in metrics:
             metrics["infsample/samples"] -= counts["probe_continuations"]
+        counts["plan_ms"] = self.gate.pop_plan_ms()
         metrics.update({f"infsample/{k}": v for k, v in counts.items()})
         metrics["infsample/engine_room"] = self.order.room
         metrics.update(await self.drafts.pop_metrics(self._worker_rpc))
@@ -266,6 +268,13 @@ class InfiniteVLLMServer(vLLMHttpServer):
 
     async def _worker_rpc(self, method: str) -> list:
         return await self.engine.collective_rpc(method)
+
+
+def _with_hints(sampling_params: dict, hints: dict) -> dict:
+    """``sampling_params`` with the drafter's hints among its ``extra_args`` (vLLM hands them to the drafter), in
+    place of any it had (a probe's, where its rest is told)."""
+    kept = {k: v for k, v in (sampling_params.get("extra_args") or {}).items() if k not in HINT_KEYS}
+    return {**sampling_params, "extra_args": {**kept, **hints}}
 
 
 class InfiniteVLLMReplica(vLLMReplica):
