@@ -1,8 +1,9 @@
 """The house's rules, read from the code's own imports (every ``import``, at the top or inside a function):
 
 - the plugin's layers import downwards only: ``core`` (pure: samples, plans, policies, predictors) imports nothing
-  of ours outside itself; ``predict`` only ``core``; ``engines`` and ``spec`` (drafts) only those two;
-  ``integration`` (everything that touches verl) anything below it; ``cli`` anything of the plugin;
+  of ours outside itself; ``predict`` only ``core``; ``engines`` only those two; ``drafter`` nothing of ours
+  outside itself, and of it only ``drafter.vllm_adapter`` imports vLLM; ``integration`` (everything that touches
+  verl) anything below it; ``cli`` anything of the plugin;
 - no module imports the package it lives in from below (``from .. import x`` of a package's ``__init__``);
 - the plugin never imports the lab (``infsample_lab``): ``pip install .`` ships it alone;
 - no import cycle among the plugin's modules, nor among the lab's.
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN, LAB = "verl_infsample", "infsample_lab"
 SOURCES = {PLUGIN: ROOT / "verl_infsample", LAB: ROOT / "lab" / "infsample_lab"}
 # each top-level part of the plugin, and what it may import of ours
-LAYERS = {"report": 0, "core": 1, "predict": 2, "engines": 3, "spec": 3, "integration": 4, "cli": 5}
+LAYERS = {"report": 0, "core": 1, "predict": 2, "engines": 3, "drafter": 3, "integration": 4, "cli": 5}
 
 
 def _module_name(package: str, path: Path, root: Path | None = None) -> str:
@@ -28,8 +29,9 @@ def _module_name(package: str, path: Path, root: Path | None = None) -> str:
     return ".".join([package, *parts])
 
 
-def _imports(package: str, root: Path | None = None) -> dict[str, set[str]]:
-    """Every module of ``package`` (at ``root``) -> the modules of ours it imports (relative imports resolved)."""
+def _imports(package: str, root: Path | None = None, ours: bool = True) -> dict[str, set[str]]:
+    """Every module of ``package`` (at ``root``) -> the modules of ours it imports (relative imports resolved;
+    ``ours`` False: everyone's)."""
     graph: dict[str, set[str]] = {}
     root = root or SOURCES[package]
     for path in sorted(root.rglob("*.py")):
@@ -49,7 +51,7 @@ def _imports(package: str, root: Path | None = None) -> dict[str, set[str]]:
                 if node.module:  # (``from . import module`` imports the module, its package being loaded already)
                     found.add(target)
                 found |= {f"{target}.{a.name}" for a in node.names}  # ``from pkg import module``
-        graph[name] = {m for m in found if m.split(".")[0] in (PLUGIN, LAB)}
+        graph[name] = {m for m in found if not ours or m.split(".")[0] in (PLUGIN, LAB)}
     return graph
 
 
@@ -79,6 +81,17 @@ def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_the_plugin_imports_downwards_only_and_never_the_lab():
     wrong = _upward_imports(_imports(PLUGIN))
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_drafter_is_one_room_and_one_adapter_touches_vllm():
+    graph = _imports(PLUGIN, ours=False)
+    drafter = {m: targets for m, targets in graph.items() if m.startswith(f"{PLUGIN}.drafter")}
+    assert f"{PLUGIN}.drafter.vllm_adapter" in drafter
+    wrong = [f"{m} imports {t}" for m, targets in drafter.items() for t in targets
+             if (t.startswith(PLUGIN + ".") and not t.startswith(f"{PLUGIN}.drafter"))
+             or (t.split(".")[0] == "vllm" and m != f"{PLUGIN}.drafter.vllm_adapter")]
+    assert not wrong, "\n".join(sorted(wrong))
+    assert any(t.split(".")[0] == "vllm" for t in drafter[f"{PLUGIN}.drafter.vllm_adapter"])
 
 
 def test_no_module_imports_its_own_package_from_below():
