@@ -6,7 +6,7 @@ Many samples of the tiny model per prompt, drafts (the plugin's ``GroupDrafter``
 run its own seeds, so the two samples are independent, and the same on every run); each sample's length and mean
 log-probability per token are compared between the two by a two-sample z-test. The same runs check that greedy
 decoding gives the same tokens with drafts on and off, that vLLM's log-probs match transformers' recomputation as
-closely with drafts as without, and that the drafter's run-time law check (``spec.law_guard``) stays quiet on the
+closely with drafts as without, and that the drafter's run-time law check (``drafter.law_guard``) stays quiet on the
 fixed sampler and raises its alarm on the flawed one."""
 
 import pytest
@@ -15,10 +15,13 @@ from infsample_lab.bench.sampled_law import Z_LIMIT, sample, z_scores
 from verl_infsample.drafter.law_guard import LawTally
 
 SAMPLES = 120  # per prompt and setting
+# the flawed sampler moves the law by some 15-20 standard errors at SAMPLES (and the run-time check's z by 20-35):
+# a third of them still shows it several times over the limits
+UNFIXED_SAMPLES = SAMPLES // 3
 
 
-def _sample(model_dir: str, drafts: str, plugins: bool = True, seed: int = 0) -> dict:
-    return sample(model_dir, drafts, SAMPLES, plugins=plugins, seed=seed)
+def _sample(model_dir: str, drafts: str, plugins: bool = True, seed: int = 0, samples: int = SAMPLES) -> dict:
+    return sample(model_dir, drafts, samples, plugins=plugins, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_drafts_sample_the_models_law_at_temperature_1_top_p_and_top_k(tiny_mode
 def test_without_the_sampler_fix_the_same_test_fails(tiny_model_dir, no_drafts):
     """The test has the power to see the flaw: vLLM's CPU sampler without the expand fix (no plugin loaded) moves the
     law."""
-    unfixed = _sample(tiny_model_dir, "group", plugins=False, seed=1)
+    unfixed = _sample(tiny_model_dir, "group", plugins=False, seed=1, samples=UNFIXED_SAMPLES)
     z = z_scores(unfixed, no_drafts)
     law = LawTally(**unfixed["drafter"]["law"])
     print(f"drafts on vs off, vLLM's CPU sampler as shipped: max |z| {max(abs(v) for v in z.values()):.2f}; "
