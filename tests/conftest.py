@@ -97,6 +97,22 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """The matplotlib figures the code under test draws, in order: ``pyplot.close`` is caught so they stay open for
+    the test to read their axes (closed at teardown)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    close, figures = plt.close, []
+    monkeypatch.setattr(plt, "close", figures.append)
+    yield figures
+    for fig in figures:
+        close(fig)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir():
     """The project's tiny Qwen3 checkpoint (built once, cached under .cache/tiny-model/)."""

@@ -34,13 +34,38 @@ def test_simulate_json_contract(trace_file, capsys):
         assert r["decode_steps"] >= r["lower_bound_steps"]
 
 
-def test_simulate_table_and_plot(trace_file, tmp_path, capsys):
+def read_table(text):
+    """The rows of a ``format_table`` table (header, dashes, rows) as dicts of strings."""
+    lines = [line.split() for line in text.strip().splitlines()]
+    return [dict(zip(lines[0], row)) for row in lines[2:]]
+
+
+def test_simulate_table_and_plot(trace_file, tmp_path, capsys, drawn_figures):
+    """The plot draws, per policy of the table, KV tokens in use over decode steps: each line ends at the policy's
+    decode steps and peaks at its peak KV, within the budget but for ``full``; the PNG's metadata says the same."""
+    from PIL import Image
+
     plot = tmp_path / "kv.png"
     assert main(["simulate", "--trace", str(trace_file), "--kv-budget", "6000", "--max-len", "512",
                  "--plot", str(plot)]) == 0
-    out = capsys.readouterr().out
-    assert "decode_steps" in out and "infinite" in out and "naive" in out
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = read_table(capsys.readouterr().out)
+    assert {"infinite", "naive"} <= {r["policy"] for r in rows}
+    (fig,) = drawn_figures
+    (ax,) = fig.axes
+    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == (f"{trace_file} under kv_budget=6000 tokens",
+                                                                  "decode step", "KV tokens")
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == [r["policy"] for r in rows]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [r["policy"] for r in rows]
+    for row, line in zip(rows, lines):
+        steps, kv = line.get_xdata(), line.get_ydata()
+        assert list(steps) == sorted(steps) and steps[-1] == int(row["decode_steps"]), row
+        assert max(kv) == int(row["peak_kv_tokens"]) and min(kv) >= 0, row
+        assert (max(kv) <= 6000) == (row["policy"] != "full"), row  # full: whole groups, whatever the budget
+    png = Image.open(plot)
+    assert png.format == "PNG" and png.text["Title"] == ax.get_title()
+    assert json.loads(png.text["Description"]) == {
+        r["policy"]: {"last_step": int(r["decode_steps"]), "peak": float(r["peak_kv_tokens"])} for r in rows}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -75,7 +100,26 @@ def test_core_imports_without_torch_ray_or_verl():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path):
+def drawn_bars(ax):
+    """Per bar series of ``ax`` (by label): the bar heights, and the (low, high) of each error line (None without)."""
+    from matplotlib.container import BarContainer
+
+    out = {}
+    for bars in ax.containers:
+        if isinstance(bars, BarContainer):
+            ranges = None
+            if bars.errorbar is not None:
+                (lines,) = bars.errorbar.lines[2]
+                ranges = [(float(lo), float(hi)) for (_, lo), (_, hi) in lines.get_segments()]
+            out[bars.get_label()] = ([float(p.get_height()) for p in bars.patches], ranges)
+    return out
+
+
+BENCH_LABELS = ["verl rollout.name=vllm", "rollout.name=infinite (vLLM)"]
+BENCH_YLABELS = ["engine wall time of the rollout (s)", "engine steps"]
+
+
+def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path, drawn_figures):
     from infsample_lab.bench.in_verl import VerlBenchRow, with_ratios
     from infsample_lab.bench.plots import plot_bench_verl
 
@@ -89,10 +133,19 @@ def test_bench_verl_ratios_are_against_verls_vllm_rollout_at_the_same_n(tmp_path
     assert (rows[1].gen_s_vs_vllm, rows[1].steps_vs_vllm) == (0.75, 0.75)
     assert rows[2].gen_s_vs_vllm is None  # no baseline at n=64 in this run: no ratio
     plot_bench_verl([vars(r) for r in rows], str(tmp_path / "b.png"))
-    assert (tmp_path / "b.png").stat().st_size > 0
+    (fig,) = drawn_figures
+    gen_s, steps = fig.axes
+    assert [ax.get_ylabel() for ax in fig.axes] == BENCH_YLABELS
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["n=16\n8 prompt(s)", "n=64\n2 prompt(s)"]
+    assert [t.get_text() for t in gen_s.get_legend().get_texts()] == BENCH_LABELS
+    # one run each: the bar is the run, no range line; no vllm run at n=64: a zero bar
+    assert drawn_bars(gen_s) == dict(zip(BENCH_LABELS, [([4.0, 0.0], None), ([3.0, 1.0], None)]))
+    assert drawn_bars(steps) == dict(zip(BENCH_LABELS, [([200.0, 0.0], None), ([150.0, 10.0], None)]))
+    assert "median" not in fig.get_suptitle()
 
 
-def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
+def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path, drawn_figures):
     """Under --repeats, a run's ratios are against verl's run of the same repeat, and the summary gives per backend
     and n the median and the range one run shows."""
     from infsample_lab.bench.in_verl import VerlBenchRow, repeat_summary, with_ratios
@@ -112,7 +165,39 @@ def test_bench_verl_repeats_pair_each_run_with_verls_beside_it(tmp_path):
     assert (ours.steps_vs_vllm, ours.steps_vs_vllm_min, ours.steps_vs_vllm_max) == (1.0, 0.9, 1.2)
     assert ours.engine_steps == 150 and ours.steps_vs_lower_bound == 1.5
     plot_bench_verl([vars(r) for r in rows], str(tmp_path / "b.png"))
-    assert (tmp_path / "b.png").stat().st_size > 0
+    (fig,) = drawn_figures
+    gen_s, steps = fig.axes
+    assert [ax.get_ylabel() for ax in fig.axes] == BENCH_YLABELS
+    assert [t.get_text() for t in steps.get_xticklabels()] == ["n=16\n8 prompt(s)"]
+    # the median of the three runs, a line over their range
+    assert drawn_bars(steps) == dict(zip(BENCH_LABELS, [([150.0], [(100.0, 200.0)]), ([150.0], [(120.0, 180.0)])]))
+    bars = drawn_bars(gen_s)
+    assert [b[0] for b in bars.values()] == [[1.5], [1.5]]
+    assert [b[1] for b in bars.values()] == [[pytest.approx((1.0, 2.0))], [pytest.approx((1.2, 1.8))]]
+    assert fig.get_suptitle().endswith("(median and range of 3 runs)")
+
+
+def test_bench_verl_plot_draws_the_median_and_range_of_skewed_runs(tmp_path, drawn_figures):
+    """Runs far from symmetric: each bar is their median (not their mean), its line goes from their least to their
+    most."""
+    from infsample_lab.bench.in_verl import VerlBenchRow
+    from infsample_lab.bench.plots import plot_bench_verl
+
+    def row(backend, steps, repeat):
+        return vars(VerlBenchRow(backend=backend, n=8, prompts=16, samples=128, gen_s=steps / 100,
+                                 engine_steps=steps, preemptions=0, tokens_computed=1, generated_tokens=1,
+                                 cached_prompt_tokens=0, peak_kv_blocks=1, kv_blocks=24, kv_block_size=128,
+                                 verl_gen_s=1.0, repeat=repeat))
+
+    plot_bench_verl([row("vllm", 100, 0), row("infinite", 90, 0), row("vllm", 400, 1), row("infinite", 300, 1),
+                     row("vllm", 110, 2), row("infinite", 95, 2)], str(tmp_path / "b.png"))
+    (fig,) = drawn_figures
+    gen_s, steps = fig.axes
+    assert drawn_bars(steps) == dict(zip(BENCH_LABELS, [([110.0], [(100.0, 400.0)]), ([95.0], [(90.0, 300.0)])]))
+    bars = drawn_bars(gen_s)
+    assert [b[0] for b in bars.values()] == [[1.1], [0.95]]
+    assert [b[1] for b in bars.values()] == [[pytest.approx((1.0, 4.0))], [pytest.approx((0.9, 3.0))]]
+    assert [t.get_text() for t in steps.get_xticklabels()] == ["n=8\n16 prompt(s)"]
 
 
 def test_bench_verl_repeats_alternate_the_backends_and_print_the_summary(monkeypatch, capsys):

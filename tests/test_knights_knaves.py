@@ -112,6 +112,54 @@ def test_reward_on_every_generated_puzzle(puzzles):
         assert score(p, p.answer() + "\n" + all_flipped) == pytest.approx(0.1)  # well formed, wrong
 
 
+# puzzles solved by hand: (names, statements, roles)
+KNOWN = [
+    # Mia: "Ava and I are both knaves." Ava: "Mia is a knave." If Mia were a knight, her statement would make her a
+    # knave; so she is a knave, her statement is false, so Ava is a knight, and Ava's statement is true.
+    (("Mia", "Ava"), (["and", [["lit", 1, False], ["lit", 0, False]]], ["lit", 0, False]), ("knave", "knight")),
+    # Liam: "Noah is a knight if and only if I am a knave." Noah: "Liam is a knight." Whatever Liam is, his statement
+    # forces Noah to be a knave (a knight Liam: "Noah is a knight" is false; a knave Liam: the iff must be false with
+    # "I am a knave" true); a knave Noah lies, so Liam is a knave too.
+    (("Liam", "Noah"), (["iff", ["lit", 1, True], ["lit", 0, False]], ["lit", 0, True]), ("knave", "knave")),
+    # Zoey: "Oliver is a knave." Oliver: "Zoey and Ella are both knaves." Ella: "Zoey is a knight or I am a knave."
+    # A knave Ella would be telling the truth; so Ella is a knight, then Zoey is a knight, then Oliver is a knave
+    # (his statement is false: Zoey is a knight).
+    (("Zoey", "Oliver", "Ella"),
+     (["lit", 1, False], ["and", [["lit", 0, False], ["lit", 2, False]]],
+      ["or", [["lit", 0, True], ["lit", 2, False]]]),
+     ("knight", "knave", "knight")),
+]
+
+
+@pytest.mark.parametrize("names, statements, roles", KNOWN, ids=[k[0][0] for k in KNOWN])
+def test_reward_on_puzzles_with_known_answers(names, statements, roles):
+    """The reward against answers worked out by hand: the right roles score ``score``, every other assignment
+    ``format_score`` (less), and malformed conclusions 0.0."""
+    solution = tuple(r == "knight" for r in roles)
+    assert brute_force(statements) == [solution] and kk.solve(statements) == [solution]  # the hand solution, unique
+    p = kk.Puzzle(names=names, statements=statements, solution=solution)
+    assert json.loads(p.ground_truth()) == dict(zip(names, roles))
+
+    def typed(assignment):
+        return "CONCLUSION:\n" + "\n".join(f"({i + 1}) {n} is a {r}" for i, (n, r) in enumerate(zip(names, assignment)))
+
+    assert score(p, "I reason it through.\n" + typed(roles)) == 1.0
+    assert score(p, typed(roles), score=2.0) == 2.0
+    for assignment in itertools.product(("knight", "knave"), repeat=len(names)):
+        if assignment != roles:
+            assert score(p, typed(assignment)) == pytest.approx(0.1), assignment
+            assert score(p, typed(assignment), format_score=0.0) == 0.0
+    malformed = [
+        typed(roles).replace("CONCLUSION:", "Answer:"),  # no marker
+        typed(roles).rsplit("\n", 1)[0],  # the last inhabitant missing
+        typed(roles) + f"\n{names[0]} is a {'knave' if roles[0] == 'knight' else 'knight'}",  # both roles for one
+        typed(roles).replace(f"{names[-1]} is a {roles[-1]}", f"{names[-1]} is {roles[-1]}"),  # no article
+        typed(roles) + "\nCONCLUSION: I am not sure.",  # a later, empty conclusion
+    ]
+    for text in malformed:
+        assert score(p, text) == 0.0, text
+
+
 def test_parsing_details():
     p = kk.Puzzle(names=("Stella", "Ella"), statements=(["lit", 1, True], ["lit", 0, True]), solution=(True, True))
     # "Ella" must not match inside "Stella"
@@ -140,9 +188,15 @@ def test_garbage_never_crashes(puzzles):
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(list("CONLUSI: \n()12abknightve") + ["Zoey", "Oliver", " is a ", "CONCLUSION:"]),
                 max_size=80).map("".join))
-def test_random_text_never_crashes(text):
+def test_random_text_never_crashes_and_the_last_conclusion_decides(text):
+    """Any text: no crash, 0.0 without a marker, and a conclusion appended after it decides the score."""
     p = kk.Puzzle(names=("Zoey", "Oliver"), statements=(["lit", 1, True], ["lit", 0, True]), solution=(True, True))
     assert score(p, text) in (0.0, 0.1, 1.0)
+    if "conclusion" not in text.lower():
+        assert score(p, text) == 0.0
+    assert score(p, text + "\nCONCLUSION:\n(1) Zoey is a knight\n(2) Oliver is a knight") == 1.0
+    assert score(p, text + "\nCONCLUSION:\n(1) Zoey is a knight\n(2) Oliver is a knave") == pytest.approx(0.1)
+    assert score(p, text + "\nCONCLUSION:\n(1) Zoey is a knight") == 0.0
 
 
 def test_verl_calling_convention():

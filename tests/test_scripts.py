@@ -253,16 +253,30 @@ def test_the_plan_size_benchmark_prints_a_row_per_m(capsys):
 
 
 def test_the_simulator_figures_script_reproduces_the_results_table(tmp_path):
-    """scripts/sim_figures.sh runs every command it lists, draws its plots, and its first comparison prints the
-    table of decode steps in docs/results.md (the paper's setting) figure for figure."""
+    """scripts/sim_figures.sh runs every command it lists, draws its plots (each PNG's metadata: its title, and per
+    policy line the last decode step and the peak KV, which must be the figures its command printed), and its first
+    comparison prints the table of decode steps in docs/results.md (the paper's setting) figure for figure."""
     import re
     import subprocess
+
+    from PIL import Image
 
     run = subprocess.run(["bash", str(SCRIPTS / "sim_figures.sh"), str(tmp_path)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.count("$ infsample ") == 11
-    assert (tmp_path / "paper_slots.png").stat().st_size > 0 and (tmp_path / "batch_kv.png").stat().st_size > 0
+    every_policy = {"full", "naive", "continuous", "lpt", "infinite", "oracle", "plain"}
+    for png, trace, capacity, policies in (
+            ("paper_slots.png", "paper.jsonl", "slots=8", every_policy),
+            ("batch_kv.png", "batch.jsonl", "kv_budget=9792 tokens", {"continuous", "lpt", "infinite", "oracle"})):
+        (command,) = [c for c in run.stdout.split("$ infsample")[1:] if f"--plot {tmp_path / png}" in c]
+        cells = [line.split() for line in command.splitlines()[1:] if line.strip()]  # header, dashes, rows
+        table = [dict(zip(cells[0], row)) for row in cells[2:]]
+        assert {r["policy"] for r in table} == policies
+        text = Image.open(tmp_path / png).text
+        assert text["Title"] == f"{tmp_path / trace} under {capacity}"
+        assert json.loads(text["Description"]) == {
+            r["policy"]: {"last_step": int(r["decode_steps"]), "peak": float(r["peak_kv_tokens"])} for r in table}
     first = run.stdout.split("$ infsample")[2]  # the paper's setting under 8 slots
     printed = {line.split()[0]: line.split()[2:5] for line in first.splitlines()[3:] if line.strip()[:1].isalpha()}
     readme = (SCRIPTS.parent / "docs" / "results.md").read_text()

@@ -30,6 +30,10 @@ def progress(items, desc: str):
 
 
 def plot_kv_timelines(timelines: dict[str, list[tuple[int, float]]], path: str, title: str, unit: str) -> None:
+    """One line per policy: ``unit`` in use over decode steps. The PNG's text metadata carries the title (``Title``)
+    and, per line, its last decode step and its peak (``Description``, JSON), so the file says what it shows."""
+    import json
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,5 +50,7 @@ def plot_kv_timelines(timelines: dict[str, list[tuple[int, float]]], path: str, 
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    lines = {line.get_label(): {"last_step": int(line.get_xdata()[-1]), "peak": float(max(line.get_ydata()))}
+             for line in ax.get_lines()}
+    fig.savefig(path, dpi=120, metadata={"Title": title, "Description": json.dumps(lines)})
     plt.close(fig)
