@@ -176,6 +176,39 @@ def test_calibration_file_errors_name_the_key(tmp_path):
             Calibration.from_file(path)
 
 
+def test_the_cost_model_meets_published_gpu_step_figures():
+    """Within 15% of every published point (Llama-3.1-8B: SpecDecode-Bench's step fit on H100, drafts off and on;
+    vLLM's nightly latency on H200: ``published_gpu_steps.json``, ``docs/step_model.md``); the defaults are the fit
+    to those points; a verified token's cost scales with the model; a big prefill chunk is compute-bound."""
+    from infsample_lab.replay.calibration import FITTED, fit, published_points, table
+
+    sources, points = published_points()
+    assert {p.source for p in points} == set(sources) and {p.drafts for p in points} == {"off", "on"}
+    assert all(s["title"] and s["url"] and s["measured"] for s in sources.values())
+    for row in table(Calibration(), points):
+        assert abs(row["ratio"] - 1) <= 0.15, row
+    fitted = fit(points)
+    for key in FITTED:
+        assert getattr(fitted, key) == pytest.approx(getattr(Calibration(), key), rel=0.02), key
+    llama = MODELS["llama-3.1-8b"]
+    assert llama.params == pytest.approx(8.03e9, rel=0.01)  # the published size
+    contexts = np.full(64, 1000.0)
+
+    def drafts_cost(shape):  # 64 rows verifying 4 tokens each against 1 each
+        cost = StepCostModel(GPUS["h100"], shape)
+        return cost.seconds(np.full(64, 4.0), contexts, 256) - cost.seconds(np.ones(64), contexts, 64)
+
+    assert drafts_cost(llama) / 192 == pytest.approx(21.01e-6, rel=0.1)  # SpecDecode-Bench's 21.01 us a token
+    big = drafts_cost(MODELS["qwen3-32b"]) / drafts_cost(QWEN8)
+    assert big == pytest.approx(MODELS["qwen3-32b"].params / QWEN8.params, rel=0.15)
+    cost = StepCostModel(GPUS["h100"], llama)
+    chunk = np.array([8192.0]), np.array([0.0])
+    compute, read, tokens = cost.terms(*chunk, 1)
+    c = Calibration()
+    assert compute / c.flop_efficiency > read / c.bandwidth_efficiency + tokens / c.token_flop_efficiency
+    assert cost.seconds(*chunk, 1) == pytest.approx(compute / c.flop_efficiency + c.step_overhead_s)
+
+
 def test_traces_carry_steps_and_rl_traces_look_like_reasoning_rl(tmp_path):
     trace = synth_rl_trace(64, 16, 8192, steps=3, seed=5)
     path = tmp_path / "t.jsonl"
@@ -212,9 +245,10 @@ def test_replay_cli_bad_input_exits_2_with_one_clear_line(tmp_path, capsys):
         assert match in capsys.readouterr().err
 
 
-def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
+def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys, drawn_figures):
     """The whole command: JSON lines with the promised fields, one per backend and step; every sample answered;
-    the plot written; a second run gives the same figures."""
+    the plot drawn (per backend, each replica's running samples over the last step's modeled seconds); a second run
+    gives the same figures."""
     trace = tmp_path / "t.jsonl"
     assert cli(["trace", "synth", "--rl", "--prompts", "6", "--group-size", "8", "--max-len", "600", "--steps", "2",
                 "--median", "150", "--seed", "2", "--out", str(trace)]) == 0
@@ -229,7 +263,22 @@ def test_replay_cli_every_backend_two_steps_two_replicas(tmp_path, capsys):
                     "prefix_hit_tokens", "peak_kv_blocks", "mean_running", "steps_vs_vllm", "time_vs_vllm"):
             assert key in r
         assert r["samples"] == 48 and r["engine_steps"] >= r["lower_bound_steps"] and r["peak_kv_blocks"] <= 119
-    assert (tmp_path / "p.png").stat().st_size > 0
+    (fig,) = drawn_figures
+    last = [r for r in rows if r["step"] == 1]
+    assert [ax.get_ylabel() for ax in fig.axes] == [f"{r['backend']}\nrunning" for r in last]
+    assert fig.axes[0].get_title() == f"{trace}: qwen3-8b on h200, 2 replica(s), last step"
+    assert fig.axes[-1].get_xlabel() == "modeled seconds"
+    for ax, r in zip(fig.axes, last):
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == ["replica 0", "replica 1"]
+        for line, replica_steps in zip(lines, r["replica_steps"]):
+            seconds, running = line.get_xdata(), line.get_ydata()
+            assert list(seconds) == sorted(seconds) and 0 < len(seconds) <= replica_steps
+            assert min(running) >= 1 and max(running) <= 8  # --max-num-seqs 8
+        # the slowest replica's line runs to its last engine step, just short of the step's modeled seconds
+        end = max(line.get_xdata()[-1] for line in lines)
+        assert 0.95 * r["model_s"] <= end <= r["model_s"] + 5e-4, (r["backend"], end, r["model_s"])
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
     assert cli(args) == 0
     again = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert again == rows

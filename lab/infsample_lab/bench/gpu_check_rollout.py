@@ -9,8 +9,10 @@ them, then run on a real vLLM engine per backend (its scheduling policy and wate
 weights' shape (``load_format="dummy"``: random weights, nothing downloaded), each request ``length`` tokens with
 end-of-sequence ignored. Per backend: real seconds and engine steps against the replay's modeled seconds and steps;
 per batch size band, each real step's seconds against what the cost model charges that very step (its rows, the
-tokens it computed and their contexts), and a fit of the two (``real = modeled_at_full_efficiency / efficiency +
-overhead``), from which the first GPU run calibrates the cost model (``infsample replay --calibration``).
+tokens it computed and their contexts), and a fit of the real steps to the cost model's terms (``real = reads /
+bandwidth_efficiency + tokens / token_flop_efficiency + step_overhead_s`` where those bind, ``compute /
+flop_efficiency + step_overhead_s`` where the roofline does), whose fields are ``Calibration``'s: a GPU run's
+calibration of the cost model (``infsample replay --calibration``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 import gc
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,11 +68,13 @@ def band_of(rows: int) -> str:
 
 def step_table(stats, cost) -> tuple[list[dict], dict]:
     """Per band of rows a step: the real steps' mean seconds against the cost model's for the same steps; and the
-    fit over every step of real seconds on the model's at full efficiency and no overhead."""
-    ideal_cost = replace(cost, calibration=replace(cost.calibration, flop_efficiency=1.0, bandwidth_efficiency=1.0,
-                                                   step_overhead_s=0.0))
+    fit of every step's real seconds to the model's terms at full efficiency (:meth:`StepCostModel.terms`):
+    ``bandwidth_efficiency``, ``token_flop_efficiency`` and ``step_overhead_s`` by least squares over the steps
+    where reads and tokens bind under ``cost``'s calibration, ``flop_efficiency`` over those where the roofline
+    binds; an efficiency the steps cannot determine (too few steps, a slope <= 0) is None."""
+    c = cost.calibration
     steps = list(zip(stats.scheduled, stats.step_wall_s))  # async scheduling: a schedule leads its outputs by one
-    real, modeled, ideal, rows = [], [], [], []
+    real, modeled, terms, rows = [], [], [], []
     for sched, wall in steps:
         if not sched.new_tokens:
             continue
@@ -78,7 +82,7 @@ def step_table(stats, cost) -> tuple[list[dict], dict]:
         gpu_s = cost.seconds(new, ctx, sched.sampling_rows)
         real.append(wall)
         modeled.append(cost.step_seconds(gpu_s, len(new)))
-        ideal.append(ideal_cost.seconds(new, ctx, sched.sampling_rows))
+        terms.append(cost.terms(new, ctx, sched.sampling_rows))
         rows.append(len(new))
     table = []
     for lo, hi in BANDS:
@@ -89,11 +93,21 @@ def step_table(stats, cost) -> tuple[list[dict], dict]:
         m_ms = 1e3 * float(np.mean([modeled[i] for i in pick]))
         table.append({"band_rows": band_of(lo), "steps": len(pick), "real_ms": round(r_ms, 3),
                       "modeled_ms": round(m_ms, 3), "real_vs_modeled": round(r_ms / m_ms, 3) if m_ms else None})
-    fit: dict = {"steps": len(real)}
-    if len(real) >= 3 and np.ptp(ideal) > 0:
-        slope, intercept = np.polyfit(np.asarray(ideal), np.asarray(real), 1)
-        fit.update({"efficiency": round(float(1 / slope), 4) if slope > 0 else None,
-                    "step_overhead_s": round(float(intercept), 6)})
+    y = np.asarray(real, dtype=float)
+    t = np.asarray(terms, dtype=float).reshape(-1, 3)  # compute, reads, tokens
+    memory = t[:, 1] / c.bandwidth_efficiency + t[:, 2] / c.token_flop_efficiency >= t[:, 0] / c.flop_efficiency
+    fit: dict = {"steps": len(real), "memory_bound_steps": int(memory.sum()),
+                 "compute_bound_steps": int((~memory).sum())}
+    overhead = c.step_overhead_s
+    a = np.column_stack([t[memory, 1], t[memory, 2], np.ones(int(memory.sum()))])
+    if len(a) >= 4 and np.linalg.matrix_rank(a) == 3:
+        (inv_bw, inv_tok, overhead), *_ = np.linalg.lstsq(a, y[memory], rcond=None)
+        fit.update({"bandwidth_efficiency": round(float(1 / inv_bw), 4) if inv_bw > 0 else None,
+                    "token_flop_efficiency": round(float(1 / inv_tok), 4) if inv_tok > 0 else None,
+                    "step_overhead_s": round(float(overhead), 6)})
+    busy = float(np.sum(y[~memory] - overhead))
+    if int((~memory).sum()) >= 3:
+        fit["flop_efficiency"] = round(float(np.sum(t[~memory, 0])) / busy, 4) if busy > 0 else None
     return table, fit
 
 

@@ -1,12 +1,19 @@
 """What a GPU step costs: datasheet GPUs, published model shapes, and a per-step cost model with its knobs in one
 place.
 
-A decode step on a memory-bound GPU reads the weights once and every scheduled row's KV; a prefill chunk is
-compute-bound. :class:`StepCostModel` charges each step the larger of its FLOPs over the GPU's dense bf16 peak and
-its bytes over the HBM bandwidth, each derated by an efficiency, plus a fixed per-step overhead (scheduling,
-sampling, kernel launches). The efficiencies and the overhead are a :class:`Calibration`: modeled defaults, printed
-with every result, replaceable from a JSON file (``--calibration``) once a GPU run has measured them. Seconds from
-this model are always labelled modeled; steps, tokens and preemptions come from vLLM's own scheduler.
+A decode step on a memory-bound GPU reads the weights once and every scheduled row's KV, and pays for each token it
+computes on top of that; a big prefill chunk is compute-bound. :class:`StepCostModel` charges a step
+
+    max(FLOPs / (peak * flop_efficiency),
+        bytes read / (bandwidth * bandwidth_efficiency) + token FLOPs / (peak * token_flop_efficiency))
+    + step_overhead_s
+
+where the token FLOPs are the batched tokens' weight GEMMs (and the LM head at each row that samples): the
+per-token term scales with the model's size. The efficiencies and the overhead are a :class:`Calibration`,
+fitted to published GPU figures (``published_gpu_steps.json``; ``python -m infsample_lab.replay.calibration``
+prints model against figure, ``docs/step_model.md``), printed with every result, replaceable from a JSON file
+(``--calibration``) once a GPU run has measured them. Seconds from this model are always labelled modeled; steps,
+tokens and preemptions come from vLLM's own scheduler.
 
 The engine's host time (scheduling, bookkeeping, and with drafts the proposer) is charged as vLLM 0.32 runs it:
 with drafts off, async scheduling overlaps it with the GPU step (a step lasts the longer of the two); with
@@ -91,11 +98,13 @@ class ModelShape:
                 "bos_token_id": min(151643, self.vocab - 2), "eos_token_id": min(151645, self.vocab - 1)}
 
 
-# Qwen/Qwen3-*/config.json on the Hugging Face hub
+# Qwen/Qwen3-*/config.json on the Hugging Face hub, and one Llama
 MODELS = {
     "qwen3-1.7b": ModelShape("qwen3-1.7b", 28, 2048, 6144, 16, 8, 128, 151936, True, 40960),
     "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 12288, 32, 8, 128, 151936, False, 40960),
     "qwen3-32b": ModelShape("qwen3-32b", 64, 5120, 25600, 64, 8, 128, 151936, False, 40960),
+    # meta-llama/Llama-3.1-8B/config.json: the model of the published step figures (``published_gpu_steps.json``)
+    "llama-3.1-8b": ModelShape("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256, False, 131072),
     # the shape of the lab's tiny Qwen3 (``infsample_lab.models``): what the CPU runs (the GPU check's dry run)
     "qwen3-tiny": ModelShape("qwen3-tiny", 2, 128, 128, 2, 1, 64, 1024, True, 4096),
 }
@@ -103,11 +112,20 @@ MODELS = {
 
 @dataclass(frozen=True)
 class Calibration:
-    """The cost model's free parameters: modeled, not measured, until a GPU run fits them (``--calibration``)."""
+    """The cost model's free parameters. ``bandwidth_efficiency``, ``token_flop_efficiency`` and
+    ``step_overhead_s`` are fitted to published GPU step figures (Llama-3.1-8B on H100 and H200:
+    ``published_gpu_steps.json``, ``infsample_lab.replay.calibration.fit``); ``flop_efficiency`` binds only
+    compute-bound steps, which no published figure covers; the host fields are measured on a CPU
+    (``infsample replay-host``). A GPU run's own fit replaces them (``--calibration``)."""
 
-    flop_efficiency: float = 0.6  # share of the dense bf16 peak that GEMMs and attention reach
-    bandwidth_efficiency: float = 0.8  # share of the HBM bandwidth that weight and KV reads reach
-    step_overhead_s: float = 0.003  # per step on the GPU's side: sampling, kernel launches, TP all-reduces
+    flop_efficiency: float = 0.6  # share of the dense bf16 peak a compute-bound step (a big prefill chunk) reaches
+    # share of the HBM bandwidth that weight and KV reads reach (the fit meets its bound of 1; the H100 points
+    # alone give 0.997)
+    bandwidth_efficiency: float = 1.0
+    # what a step pays each batched token beyond the reads: its weight GEMMs (and LM head where it samples) at
+    # this share of the bf16 peak (20 us a token for Llama-3.1-8B on H100 or H200)
+    token_flop_efficiency: float = 0.75
+    step_overhead_s: float = 0.0027  # per step on the GPU's side: sampling, kernel launches, TP all-reduces
     activation_bytes_per_batched_token: float = 0.0  # 0: estimated from the model shape (see ``kv_pool_blocks``)
     reserved_bytes: float = 2 * GIB  # CUDA context, graphs and allocator slack vLLM does not give to KV
     # the engine's host time per step, a fixed part and a part per scheduled row (vLLM's scheduler calls), and each
@@ -138,7 +156,7 @@ class Calibration:
             v = getattr(c, f.name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
                 raise ValueError(f"--calibration {path}: {f.name}={v!r} must be a finite number >= 0")
-        if not 0 < c.flop_efficiency <= 1 or not 0 < c.bandwidth_efficiency <= 1:
+        if not all(0 < e <= 1 for e in (c.flop_efficiency, c.bandwidth_efficiency, c.token_flop_efficiency)):
             raise ValueError(f"--calibration {path}: efficiencies must be in (0, 1]")
         return c
 
@@ -155,20 +173,37 @@ class StepCostModel:
     tp: int = 1
     calibration: Calibration = Calibration()
 
-    def seconds(self, new_tokens: np.ndarray, contexts: np.ndarray, sampling_rows: int) -> float:
-        """A step that computes ``new_tokens[i]`` tokens of row i on top of ``contexts[i]`` cached ones;
-        ``sampling_rows`` rows produce a token (their LM head runs)."""
-        m, c = self.model, self.calibration
+    def _terms(self, tokens, attended, kv_tokens, sampling_rows):
+        """A step's three times at full efficiency on one of its ``tp`` GPUs (numbers or arrays of steps): its
+        FLOPs over the peak, its bytes over the bandwidth, and its tokens' weight and LM-head FLOPs over the peak.
+        ``tokens``: tokens computed; ``attended``: (query, key) pairs of attention; ``kv_tokens``: KV tokens read
+        and written; ``sampling_rows``: positions whose LM head runs."""
+        m = self.model
+        token_flops = 2 * m.layers * m.layer_params * tokens + 2 * m.vocab * m.hidden * sampling_rows
+        flops = token_flops + 4 * m.layers * m.heads * m.head_dim * attended
+        bytes_ = m.weights_read_per_step + kv_tokens * m.kv_bytes_per_token
+        peak, bw = self.gpu.bf16_flops * self.tp, self.gpu.hbm_bytes_per_s * self.tp
+        return flops / peak, bytes_ / bw, token_flops / peak
+
+    def terms(self, new_tokens: np.ndarray, contexts: np.ndarray, sampling_rows: int) -> tuple[float, float, float]:
+        """The step of :meth:`seconds` as its three times at full efficiency and no overhead: compute (FLOPs over
+        the peak), reads (bytes over the bandwidth), tokens (the batched tokens' GEMM FLOPs over the peak)."""
         t = float(np.sum(new_tokens))
         # attention: each new token attends to its context and the new tokens before it
         attended = float(np.sum(new_tokens * contexts + new_tokens * (new_tokens + 1) / 2))
-        flops = (2 * m.layers * m.layer_params * t + 2 * m.vocab * m.hidden * sampling_rows
-                 + 4 * m.layers * m.heads * m.head_dim * attended)
-        kv_read = float(np.sum(contexts + new_tokens)) * m.kv_bytes_per_token
-        bytes_ = m.weights_read_per_step + kv_read + t * m.kv_bytes_per_token
-        return (max(flops / (self.gpu.bf16_flops * c.flop_efficiency),
-                    bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
-                + c.step_overhead_s)
+        kv_tokens = float(np.sum(contexts + new_tokens)) + t  # read (context and new), and the new tokens written
+        return self._terms(t, attended, kv_tokens, sampling_rows)
+
+    def _combine(self, compute, read, tokens):
+        c = self.calibration
+        return np.maximum(compute / c.flop_efficiency,
+                          read / c.bandwidth_efficiency + tokens / c.token_flop_efficiency) + c.step_overhead_s
+
+    def seconds(self, new_tokens: np.ndarray, contexts: np.ndarray, sampling_rows: int) -> float:
+        """A step that computes ``new_tokens[i]`` tokens of row i on top of ``contexts[i]`` cached ones;
+        ``sampling_rows`` rows produce a token (their LM head runs): the larger of the compute roofline and the
+        reads plus the tokens' cost, plus the step overhead (the module docstring)."""
+        return float(self._combine(*self.terms(new_tokens, contexts, sampling_rows)))
 
     def host_seconds(self, rows: int) -> float:
         """The engine's host time for a step of ``rows`` scheduled rows, drafting aside."""
@@ -196,19 +231,14 @@ class StepCostModel:
         default: every row its own context."""
         if steps <= 0:
             return 0.0
-        m, c = self.model, self.calibration
         rows = len(contexts)
         j = np.arange(steps, dtype=float)
         base = float(np.sum(contexts))
         read = base if kv_tokens_read is None else float(kv_tokens_read)
         attended = base + rows * j + rows  # each row: context + j, plus itself
-        flops = (2 * m.layers * m.layer_params + 2 * m.vocab * m.hidden) * rows \
-            + 4 * m.layers * m.heads * m.head_dim * attended
-        bytes_ = m.weights_read_per_step + (read + rows * j + rows) * m.kv_bytes_per_token \
-            + rows * m.kv_bytes_per_token
-        per_step = np.maximum(flops / (self.gpu.bf16_flops * c.flop_efficiency),
-                              bytes_ / (self.gpu.hbm_bytes_per_s * c.bandwidth_efficiency)) / self.tp
-        return float(np.sum(np.maximum(per_step + c.step_overhead_s, self.host_seconds(rows))))
+        kv_tokens = read + rows * j + rows + rows  # read (context + j, and the new token), the new token written
+        per_step = self._combine(*self._terms(float(rows), attended, kv_tokens, rows))
+        return float(np.sum(np.maximum(per_step, self.host_seconds(rows))))
 
     def kv_pool_blocks(self, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,
                        max_num_seqs: int) -> int:
