@@ -316,3 +316,29 @@ def test_the_held_rests_benchmark_releases_every_held_rest_once(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["held"] == out["released"] == 15 and out["releases"] == 15
     assert 0 <= out["release_ms_median"] <= out["release_ms_max"] <= out["release_ms_total"]
+
+
+def test_a_tree_of_thought_log_becomes_groups_eval_drafter_reads(tmp_path):
+    """``scripts/tot_groups.py``: a tree-of-thought-llm log (a list of {"idx", "ys", ...}) and the game's puzzles
+    become one prompt a line, the skipped puzzles left out, read back as the drafters' groups; anything else is
+    refused by name."""
+    from verl_infsample.core.text_groups import load_groups
+
+    log = tmp_path / "log.json"
+    log.write_text(json.dumps([{"idx": 900 + i, "ys": [f"Steps:\n{i} + 1 = {i + 1}", f"answer {i}"], "infos": []}
+                               for i in range(3)]))
+    puzzles = tmp_path / "24.csv"
+    puzzles.write_text("Rank,Puzzles\n" + "".join(f"{r},{r} {r} {r} {r}\n" for r in range(1, 1001)))
+    out = tmp_path / "groups.jsonl"
+    run = subprocess.run([sys.executable, str(SCRIPTS / "tot_groups.py"), str(log), "--puzzles", str(puzzles),
+                          "--skip", "1", "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in out.read_text().split("\n") if line]
+    assert [(r["prompt_id"], r["prompt"]) for r in rows] == [("tot-901", "902 902 902 902"),
+                                                             ("tot-902", "903 903 903 903")]
+    groups = load_groups(out, str.split)
+    assert [len(g.responses) for g in groups] == [2, 2] and groups[0].responses[1] == ["answer", "1"]
+    log.write_text(json.dumps({"not": "a log"}))
+    bad = subprocess.run([sys.executable, str(SCRIPTS / "tot_groups.py"), str(log), "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "not a tree-of-thought-llm log" in bad.stderr
