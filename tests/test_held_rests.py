@@ -125,6 +125,13 @@ def test_rests_wait_while_vllm_is_full_and_go_in_as_requests_come_back(server):
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("server", ["off", "group"], indirect=True)
+def test_a_server_with_drafts_says_at_start_what_they_cost(server, caplog):
+    """vLLM schedules synchronously with these drafters: the server says so once, at start, only with drafts on."""
+    said = [r for r in caplog.get_records("setup") if "schedules every step synchronously" in r.getMessage()]
+    assert len(said) == (server.settings.speculative != "off")
+
+
 @pytest.mark.parametrize("server", ["group"], indirect=True)
 def test_the_drafter_hears_a_probe_as_its_samples_head_and_its_rest_at_the_prediction_after_it(server):
     """With group drafts, a probe tells the drafter it is a head (its tokens are no answer of their own) at the

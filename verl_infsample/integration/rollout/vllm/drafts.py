@@ -31,6 +31,19 @@ def refuse_what_drafts_change(speculative: str, sampling_params: dict) -> None:
                              "set custom.speculative=off")
 
 
+def say_what_drafts_cost(speculative: str) -> None:
+    """vLLM (0.24 and 0.32) keeps async scheduling, the host's work on the next step overlapped with the GPU's on this
+    one, only for drafters that run on the device (EAGLE/MTP, draft models, ``ngram_gpu``); with ``ngram``,
+    ``suffix`` or a ``custom_class`` drafter every step pays the host's scheduling and drafting time on top of the
+    GPU's, drafted or not. Said once, at start, rather than found from a slow run."""
+    if speculative == "off":
+        return
+    logger.warning("rollout.name=infinite: %s.speculative=%s: vLLM schedules every step synchronously with this "
+                   "drafter, so each step adds the host's scheduling and drafting time to the GPU's: drafts pay where "
+                   "a replica's batch runs thin and cost time on a full one (README, Drafts: measure your host with "
+                   "`infsample replay-host`)", PREFIX, speculative)
+
+
 class LawMoved(RuntimeError):
     """Draft verification moved the sampled law, and ``custom.law_guard=fail`` asked to stop the run."""
 

@@ -79,6 +79,7 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self.settings = settings_from_rollout(self.config)
         check_speculative(self.settings, "vllm", config_value(config_value(self.config, "engine_kwargs", {}), "vllm"),
                           config_value(self.config, "mtp"))
+        drafts.say_what_drafts_cost(self.settings.speculative)
         self.drafts = drafts.DraftReport(self.settings.speculative, self.settings.law_guard)
         self.draft_hints = DraftHints()
         max_num_seqs = self.settings.slots or int(self.config.max_num_seqs)
