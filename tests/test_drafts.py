@@ -568,7 +568,7 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
     while drafter.drafting.stats.steps % CHECK_EVERY:  # the step verified next is one the law check looks at
         drafter.drafting.stats.steps += 1
     assert drafts == [answer[3:7]] * 2
-    assert runner.rejection_sampler.forward.__name__ == "forward" and drafter._guarded is runner.rejection_sampler
+    assert runner.rejection_sampler.forward.__name__ == "forward" and drafter._watched is runner.rejection_sampler
     vocab = 100
     metadata = SpecDecodeMetadata.make_dummy(drafts, torch.device("cpu"))
     metadata.target_logits_indices = torch.arange(8, dtype=torch.int32)

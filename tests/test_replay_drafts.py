@@ -40,16 +40,16 @@ def _run(requests, spec: DraftSetup | None, seqs: int = 8, cost=True, blocks: in
     return ReplicaReplay(model_config_dir(QWEN8), setup, model, QWEN8.vocab, drafts=spec).run(requests)
 
 
-def _hints(group: str | None) -> dict | None:
-    """What the server tells the drafter of a request of ``group`` (None: plain vLLM, nothing)."""
-    from verl_infsample.drafter.hints import GROUP_ARG
+def _hints(group: str | None) -> dict:
+    """A request's arrival as its server tells the drafter of it, in ``group`` (nothing: plain vLLM)."""
+    from verl_infsample.drafter.hints import SampleArrival
 
-    return {GROUP_ARG: group} if group is not None else None
+    return {"arrival": SampleArrival(group, 3, 3)} if group is not None else {}
 
 
 def _requests(groups, group_hint=False) -> list[ReplayRequest]:
     return [ReplayRequest(f"{g.prompt_id}-{j}", tuple(g.prompt), len(r), tokens=tuple(r),
-                          hints=_hints(g.prompt_id if group_hint else None))
+                          **_hints(g.prompt_id if group_hint else None))
             for g in groups for j, r in enumerate(g.responses)]
 
 
@@ -76,12 +76,12 @@ def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token(method)
     group = "g" if method == "group" else None
     opening = tuple(range(2000, 2030))
     diverging = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=opening + tuple(range(3000 + 30 * i, 3030 + 30 * i)),
-                               hints=_hints(group)) for i in range(4)]
+                               **_hints(group)) for i in range(4)]
     res = _run(diverging, DraftSetup(method, tokens=4), seqs=2)
     assert res.accepted <= 2 * len(opening) and res.engine_steps >= 2 * 30 + 30 // 5  # each tail token a step
     assert (res.accepted > 0) == (method != "ngram")
     phrase = (5, 6, 7, 8, 9)
-    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12, hints=_hints(group))
+    looping = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=phrase * 12, **_hints(group))
                for i in range(4)]
     res = _run(looping, DraftSetup(method, tokens=4))
     assert res.output_tokens / res.decode_rows > 3 and res.engine_steps < 25

@@ -8,10 +8,10 @@ accepted (:class:`DepthAcceptance`; on real text a token after an accepted one i
 first: a draft that matched goes on matching). :meth:`DraftBudget.plan` takes the draft tokens of every row in order
 of that gain and stops where the expected tokens per unit of step time stop growing: while the step stays under
 ``step_tokens`` every draft token rides along for free, so a thin tail (few rows) drafts as long as the trees offer;
-a full batch drafts only its likely tokens, or none. A row whose drafts are not drafted (a low acceptance in a full
-batch) does not propose at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps,
-so its acceptance stays current. A sample predicted to end soon drafts no further than its predicted end; one
-that has outlived its prediction (often a group's mean) is bounded by its room in the model's length alone.
+a full batch drafts only its likely tokens, or none. A row given no draft tokens (a low acceptance in a full batch)
+does not propose at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps, so its
+acceptance stays current. Each row's cap comes from its caller (``drafting``: its room in the model, and its
+predicted end while it has not outlived it).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class Drafting:
         (a probe's tokens, the partial answer of a resumed request)."""
         start = hints.response_start if hints.response_start is not None else prompt_len
         start = min(max(0, start), prompt_len)
-        self.trees.start(req_id, hints.group or prompt_key(tokens[:start]), tokens[:start], answer=not hints.head)
+        self.trees.start(req_id, hints.group or prompt_tokens_key(tokens[:start]), tokens[:start], answer=not hints.head)
         self.trees.extend(req_id, tokens[start:prompt_len])
         self.acceptance.forget(req_id)  # a request id used again starts afresh
         row = self.rows[req_id] = _Row(start, hints.predicted, prompt_len)
@@ -165,6 +165,6 @@ class Drafting:
         self.acceptance.forget(req_id)
 
 
-def prompt_key(prompt: np.ndarray) -> str:
+def prompt_tokens_key(prompt: np.ndarray) -> str:
     """A group's key where the server names none (plain vLLM): the rows that share its prompt."""
     return hashlib.blake2b(np.ascontiguousarray(prompt, dtype=np.int64).tobytes(), digest_size=12).hexdigest()

@@ -1,4 +1,4 @@
-"""A check, each step, that verification keeps the sampled law.
+"""A check, one step in ``CHECK_EVERY``, that verification keeps the sampled law.
 
 With a point-mass draft (every drafter here proposes tokens, not distributions) the rejection sampler accepts a
 draft token with exactly the target's probability of it. So over the draft tokens a step tests (each row's up to

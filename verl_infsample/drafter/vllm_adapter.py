@@ -13,7 +13,8 @@ drafter has with vLLM (versions 0.24 and 0.32), each named once here and nowhere
    runner's ``requests``, which also holds rows out of the batch (preempted: they come back).
 4. **The verdicts.** vLLM keeps the rejection sampler's output to itself; the drafter wraps the runner's
    ``rejection_sampler.forward`` once and keeps each step's draft ids and sampled tokens on the device, read at the
-   next proposal (when vLLM has its sampled tokens on the host anyway): no device sync of the drafter's own.
+   next proposal: vLLM has synchronized on that step by then (its sampled tokens are on the host), so the reads wait
+   on nothing; the drafter adds no device sync of its own.
 5. **The law check's inputs**, taken in the same wrapper from the sampler's ``SpecDecodeMetadata`` and
    ``SamplingMetadata`` (the target logits of the draft positions) and each request's own sampling parameters.
 6. **Which worker drafts.** An engine reads the drafts of its first tensor-parallel worker and sends every worker
@@ -47,7 +48,7 @@ class GroupDrafter:
                          if self.read_here else None)
         self.halted = False  # drafts stopped for the rest of the run (``halt_drafter``)
         self.runner = runner or _building_runner()
-        self._guarded = None  # the rejection sampler whose verdicts we read
+        self._watched = None  # the rejection sampler whose verdicts we read
         self._unread = None  # the last verified step's verdicts, not yet read (``_read_verdicts``)
 
     def load_model(self, *args, **kwargs) -> None:
@@ -82,7 +83,7 @@ class GroupDrafter:
         """Contact 4: wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from
         here on (vLLM's warm-up runs before the first proposal)."""
         sampler = getattr(self.runner, "rejection_sampler", None)
-        if sampler is None or self._guarded is sampler:
+        if sampler is None or self._watched is sampler:
             return
         original = sampler.forward
 
@@ -94,7 +95,7 @@ class GroupDrafter:
             return output
 
         sampler.forward = forward
-        self._guarded = sampler
+        self._watched = sampler
 
     def _read_verdicts(self) -> None:
         """The last verified step's verdicts (``_watch_sampler``) into the drafting's records and law tally."""

@@ -206,30 +206,27 @@ class InfiniteBackend:
         """``s`` as its replica's server sends it to vLLM: whole, or its probe with its rest at the priority the probe
         gives it (``VLLMRequestOrder``, the server's own), each telling the drafter what the server tells it
         (``drafter.hints``: the prediction as it stands when the request is sent)."""
-        from verl_infsample.drafter.hints import DraftHints, length_hint
+        from verl_infsample.drafter.hints import DraftHints
         from verl_infsample.predict.features import TokenWindow
 
         request = order.arrive(s.prompt_tokens, group_size=group_size, uid=s.uid,
                                true_len=s.length if self.knows_truth else None, max_tokens=self.max_response_length)
         self._requests[s.request_id] = request
         k = order.probe_tokens
-        arrival = DraftHints().arrive(s.request_id, len(s.prompt_tokens), s.prompt_id)
-
-        def hints(part: str) -> dict:
-            return arrival.extra_args(length_hint(request.sample.predicted_len, self.max_response_length), part)
-
+        told = dict(arrival=DraftHints().arrive(s.request_id, len(s.prompt_tokens), s.prompt_id),
+                    budget=self.max_response_length)
         if not request.probe or s.length <= k:  # whole, or ended within its probe
             return ReplayRequest(s.request_id, s.prompt_tokens, s.length, priority=request.priority,
-                                 predicted_len=request.sample.predicted_len, tokens=s.tokens, hints=hints("whole"))
-        probe_priority, probe_hints = request.priority, hints("head")
+                                 predicted_len=request.sample.predicted_len, tokens=s.tokens, **told)
+        probe_priority, probe_predicted = request.priority, request.sample.predicted_len
         opening = s.opening[:k] if len(s.opening) >= k else (0,) * k  # a trace's prediction needs no tokens
         rest_priority = order.after_probe(request, TokenWindow(opening))
         head, tail = (s.tokens[:k], s.tokens[k:]) if s.tokens is not None else (None, None)
         return ReplayRequest(f"{s.request_id}{PROBE_SUFFIX}", s.prompt_tokens, k, priority=probe_priority,
-                             predicted_len=request.sample.predicted_len, tokens=head, hints=probe_hints,
+                             predicted_len=probe_predicted, tokens=head, part="head", **told,
                              rest=ReplayRequest(s.request_id, (), s.length - k, priority=rest_priority,
                                                 predicted_len=request.sample.predicted_len, tokens=tail,
-                                                hints=hints("rest")))
+                                                part="rest", **told))
 
     async def _acquire_all(self, arrivals: list[StepSample]) -> list[int]:
         """Every request asks the router at once, as verl's agent-loop workers do (the router waits for the burst

@@ -55,7 +55,9 @@ def replay_held(replay: ReplicaReplay, requests: list[ReplayRequest], order: VLL
             check_plan([*order.held_remaining(), *(r.sample.remaining_predicted() for r in released)], lanes, res)
         for request in released:
             rest, sample_id, offset = waiting.pop(id(request))
-            replay.submit_rest(replace(rest, priority=request.priority), sample_id, offset)
+            # as the server sends it: at its rank and prediction as they stand at its release
+            replay.submit_rest(replace(rest, priority=request.priority, predicted_len=request.sample.predicted_len),
+                               sample_id, offset)
         submitted = bool(released)
     if order.held or waiting:
         raise RuntimeError(f"held rests: {order.held} rests still held with vLLM empty")  # release() opens then

@@ -42,6 +42,8 @@ from verl_infsample.integration.vllm_versions import scheduler_request_limit
 from .hardware import ModelShape, StepCostModel
 
 if TYPE_CHECKING:
+    from verl_infsample.drafter.hints import SampleArrival
+
     from .drafts import DraftSetup
 
 
@@ -70,9 +72,22 @@ class ReplayRequest:
     length: int  # tokens it generates (its trace length; a probe's: its probe tokens)
     priority: int = 0
     rest: "ReplayRequest | None" = None
-    predicted_len: float = 0.0  # its sample's predicted total length, for a gate in front of vLLM
+    predicted_len: float = 0.0  # its sample's predicted length as its server sends it (a held rest's: at release)
     tokens: tuple[int, ...] | None = None  # the ids it generates, where the trace recorded them (len == length)
-    hints: dict | None = None  # what its server tells the drafter (``drafter.hints``; ``rollout.name=infinite``)
+    # what its server tells the drafter (``rollout.name=infinite``; None: plain vLLM, nothing): its sample's arrival,
+    # which part of the sample it is and the token budget, written as the server writes them (``hints``)
+    arrival: SampleArrival | None = None
+    part: str = "whole"
+    budget: int = 0
+
+    @property
+    def hints(self) -> dict | None:
+        """Its ``extra_args``: the server's hints at its prediction (``drafter.hints``)."""
+        if self.arrival is None:
+            return None
+        from verl_infsample.drafter.hints import length_hint
+
+        return self.arrival.extra_args(length_hint(self.predicted_len, self.budget), self.part)
 
 
 @dataclass

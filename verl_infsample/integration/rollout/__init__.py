@@ -20,6 +20,7 @@ What runs where:
 - **vLLM's workers**: with ``custom.speculative=group`` the group drafter (``verl_infsample.drafter``: vLLM builds
   it in the runner of each worker, calls its ``propose`` each step, and its rejection sampler's verdicts reach it;
   it drafts in the engine's first tensor-parallel worker) and the worker extension the server's ``collective_rpc``
-  calls (``vllm.worker_extension``: the drafter's figures, the law guard's stop); on CPU, the opt-in patches
-  (``integration.vllm_plugin``).
+  calls (``vllm.worker_extension``: the drafter's figures, the law guard's stop); and the patches vLLM's plugin
+  hook arms in every vLLM process (``integration.vllm_plugin``: the CPU sampler fixes on any CPU, the opt-in CPU
+  patches, verl's pause keyword on any device).
 """

@@ -3,8 +3,9 @@
 With any ``speculative_config`` vLLM (0.24 and 0.32) raises on a request with ``min_p`` or ``logit_bias`` and refuses
 custom logits processors at start: a request that asks for them is refused here first, by name and with the fix. What
 drafts did comes from two places: vLLM's scheduler (drafted and accepted tokens, by position: ``stats``, the same
-for every method) and, with ``group``, the drafter in each worker (its own time, where its drafts came from, and
-the run-time law check of ``spec.law_guard``), fetched by ``collective_rpc`` (``worker_extension``).
+for every method) and, with ``group``, the drafter in the engine's drafting worker (its own time, where its drafts
+came from, and the run-time law check of ``drafter.law_guard``), fetched through the ``worker_rpc`` the server hands
+:class:`DraftReport` (its engine's ``collective_rpc``, calling ``worker_extension``).
 """
 
 from __future__ import annotations

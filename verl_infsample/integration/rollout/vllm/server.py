@@ -198,14 +198,14 @@ class InfiniteVLLMServer(vLLMHttpServer):
         self._counts["probe_continuations"] += 1
         with self.gate.planning():
             self.order.after_probe(request, TokenWindow(list(head.token_ids), head.log_probs))
-        if arrival is not None:
-            rest_params = _with_hints(rest_params, arrival.extra_args(
-                length_hint(request.sample.predicted_len, total), "rest"))
         released, waited = await self.gate.turn(request)
         self._counts["rests_held"] += waited  # vLLM was full: it waited here, to be ranked when it had room
         if not released:  # aborted while held: verl resumes it from the probe's tokens
             self._counts["held_aborted"] += 1
             return head.model_copy(update={"stop_reason": "aborted"})
+        if arrival is not None:  # the prediction as it stands when the rest goes in (held rests are re-ranked)
+            rest_params = _with_hints(rest_params, arrival.extra_args(
+                length_hint(request.sample.predicted_len, total), "rest"))
         rest = await self._engine_generate(list(prompt_ids) + list(head.token_ids), rest_params, request_id,
                                            priority=request.priority, released=True, **kwargs)
         return probe.join(head, rest)

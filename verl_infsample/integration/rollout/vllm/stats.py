@@ -5,7 +5,8 @@
 per engine step. :func:`instrument` makes the ``AsyncLLM`` that verl's ``vLLMHttpServer.run_server`` builds carry it
 (vLLM then keeps its own stats off: custom loggers alone do not enable its default ones). Our server always has it;
 verl's is instrumented where ``VERL_INFSAMPLE_VLLM_STATS=1`` and the lab is installed (``infsample bench-verl``).
-The trainer mode ``infinite_sync`` reads the figures after each step (:func:`pop_step_metrics`, run inside the server actor).
+The trainer mode ``infinite_sync`` reads the figures after each step, inside the server actor: our server's
+``pop_step_metrics`` method, which takes this module's (:func:`pop_step_metrics`) and adds its own.
 """
 
 from __future__ import annotations
