@@ -28,7 +28,7 @@ def seeds(spec: str) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variant", default="modes", choices=["default", "modes"])
+    ap.add_argument("--variant", default="modes", choices=["default", "modes", "modes-quick"])
     ap.add_argument("--seeds", default="0-5", help="a seed or a range, e.g. 0-5")
     ap.add_argument("--ceiling", type=int, default=24, help="continuations per sample for the ceiling (0: off)")
     ap.add_argument("--kv-budget", type=int, default=None, help="run under a KV budget of this many tokens")

@@ -293,18 +293,19 @@ def test_the_simulator_figures_script_reproduces_the_results_table(tmp_path):
 @pytest.mark.integration  # it rolls out the tiny model
 def test_the_predictor_figures_script_at_tiny_sizes(tmp_path):
     """scripts/predictor_figures.py (the README's learned-predictor table) end to end at tiny sizes: a row per
-    figure, a column per seed, the JSON line of each seed under OUT."""
+    figure, a column per seed, the JSON line of each seed under OUT (on the tests' modes model, built once)."""
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, str(SCRIPTS / "predictor_figures.py"), "--seeds", "0", "--ceiling", "2",
+    run = subprocess.run([sys.executable, str(SCRIPTS / "predictor_figures.py"), "--variant", "modes-quick",
+                          "--seeds", "0", "--ceiling", "2",
                           "--out", str(tmp_path), "--train-rollouts", "1", "--train-prompts", "2", "--train-group",
                           "4", "--test-prompts", "2", "--test-group", "8", "--max-len", "32"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| seed | 0 |" and len(rows) == 7 and all(r.count("|") == 3 for r in rows)
-    (record,) = [json.loads(line) for line in (tmp_path / "modes.jsonl").read_text().splitlines()]
+    (record,) = [json.loads(line) for line in (tmp_path / "modes-quick.jsonl").read_text().splitlines()]
     assert record["decode_steps"]["oracle"] <= record["decode_steps"]["learned"]
     assert -1 <= record["kendall_tau"] <= 1
 

@@ -311,9 +311,9 @@ def add_eval_predictor_parser(sub) -> None:
     p = sub.add_parser("eval-predictor", help="train and test the learned length predictor on disjoint rollouts")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a local model folder to roll out (e.g. the tiny model: make-tiny-model DIR)")
-    src.add_argument("--tiny", choices=["default", "modes"],
+    src.add_argument("--tiny", choices=["default", "modes", "modes-quick"],
                      help="roll out the cached tiny model of this variant (built on first use); modes: its first "
-                          "tokens tell the length (direct / count / step answers)")
+                          "tokens tell the length (direct / count / step answers); modes-quick: its tests' build")
     src.add_argument("--trace", help="test rollouts: a JSONL trace with token ids (core/trace.py: prompt_tokens, "
                                      "tokens, optionally logprobs/entropies/stop_logprobs); needs --trace-train")
     p.add_argument("--trace-train", action="append", default=[],
