@@ -45,7 +45,8 @@ class InfiniteRolloutSettings:
     speculative: str = "off"  # off | ngram | suffix | group: drafts verified by vLLM's rejection sampler (vllm engine)
     speculative_tokens: int = 8  # draft tokens per row at most (vLLM's num_speculative_tokens)
     law_guard: str = "off_drafts"  # speculative=group, when verification moves the sampled law: warn (log it) |
-    # off_drafts (log it, and no drafts for the rest of the run) | fail (stop the run at the next weight sync or step figures)
+    # off_drafts (log it, and no drafts for the rest of the run) | fail (stop the run at the next weight sync or the
+    # step's figures, whichever reads the tally first)
 
     @classmethod
     def from_custom(cls, custom: Mapping[str, Any] | None, *, prompt_length: int | None = None,
