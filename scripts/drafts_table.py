@@ -3,7 +3,9 @@
 Three rollouts of each trace, every one through vLLM's own scheduler: verl's ``rollout.name=vllm`` with drafts off,
 the same with vLLM's own ``suffix`` drafts (what ``engine_kwargs`` gives any verl user), and ``rollout.name=infinite``
 with ``custom.speculative=group``; on synthetic acceptances also ``infinite`` drafting a fixed K on every row
-(``suffix@A``), against which group's budget is measured.
+(``suffix@A``), against which group's budget is measured. The floor: drafts on, none drafted (the drafts-off steps
+scheduled synchronously with the group drafter's upkeep), which no budget goes under while vLLM drops async
+scheduling for the drafter.
 
     python scripts/drafts_table.py [--text NAME=G.jsonl[:TOKENIZER] ...] [--accept 0.3,0.6] [--replicas 1,8]
         [--caps 4096,16384] [--samples-per-replica 1024] [--history 2] [--seed 907] [--json | --markdown]
@@ -41,7 +43,8 @@ def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
         last = max(r.step for r in out)
         rows.update({(r.backend, r.spec.split("@")[0]): r for r in out if r.step == last})
     off = rows[("vllm", "off")]
-    cell = {"vllm_s": off.model_s, "vllm_steps": off.engine_steps}
+    cell = {"vllm_s": off.model_s, "vllm_steps": off.engine_steps,
+            "synchronous_floor_vs_vllm": round(off.synchronous_s / off.model_s, 3)}
     for (backend, spec), r in rows.items():
         key = f"{backend}_{spec}"
         cell[f"{key}_vs_vllm"] = round(r.model_s / off.model_s, 3)
@@ -55,12 +58,14 @@ def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     """The README's table: each lane's modeled time over verl's ``vllm`` with drafts off."""
-    lines = ["| trace | cap | replicas | verl `vllm`: steps, s | `vllm` + `suffix` | `infinite` + `group` | "
-             "group / suffix | group / fixed K | tokens a step: suffix, group |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | cap | replicas | verl `vllm`: steps, s | `vllm` + `suffix` | `infinite` + `group` | floor | "
+             "group / suffix | group / fixed K | tokens a step: suffix, group |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:
         fixed = f"{c['group_vs_fixed_k']:.3f}" if "group_vs_fixed_k" in c else "-"
         lines.append(f"| {c['trace']} | {c['cap']} | {c['replicas']} | {c['vllm_steps']}, {c['vllm_s']:.3g} | "
-                     f"{c['vllm_suffix_vs_vllm']:.3f} | {c['infinite_group_vs_vllm']:.3f} | {c['group_vs_suffix']:.3f} | "
+                     f"{c['vllm_suffix_vs_vllm']:.3f} | {c['infinite_group_vs_vllm']:.3f} | "
+                     f"{c['synchronous_floor_vs_vllm']:.3f} | {c['group_vs_suffix']:.3f} | "
                      f"{fixed} | {c['vllm_suffix_tokens_per_step']:.2f}, {c['infinite_group_tokens_per_step']:.2f} |")
     return "\n".join(lines)
 

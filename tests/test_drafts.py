@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from infsample_lab.bench.drafters import OfflineBatch, evaluate
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
-from verl_infsample.drafter.budget import DepthAcceptance, DraftBudget, RowAcceptance
+from verl_infsample.drafter.budget import DepthAcceptance, DraftBudget, RowAcceptance, StepCost
 from verl_infsample.drafter import GroupDrafter
 from verl_infsample.drafter.drafting import Drafting
 from verl_infsample.drafter.hints import GROUP_ARG, PREDICTED_ARG, RowHints
@@ -94,15 +94,27 @@ def _depth(after_first: float, tokens: int = 8, verdicts: int = 4000) -> DepthAc
     return depth
 
 
+def _budget(fixed_s: float, token_s: float, row_s: float = 0.0, retry_every: int = 10**9) -> DraftBudget:
+    """A budget that has seen a step whose fixed part took ``fixed_s``."""
+    cost = StepCost(token_s=token_s, row_s=row_s)
+    cost.step_took(fixed_s, 0, 0)
+    return DraftBudget(max_tokens=8, cost=cost, retry_every=retry_every)
+
+
 def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_drafts_cost():
-    budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=3)
-    assert budget.plan(_rows(*[0.01] * 16)) == [8] * 16  # free room: the trees' draft goes in whole
-    assert budget.plan(_rows(0.9, 0.9), caps=[3, 20]) == [3, 8]  # no further than its predicted end
+    """An 8B model on an H100, as the step model has it: 15 ms a step beside its tokens, 20 us a verified token."""
+    assert DraftBudget(max_tokens=8).plan(_rows(*[0.01] * 16)) == [8] * 16  # no step timed yet: drafts are free
+    budget = _budget(15e-3, 20e-6, retry_every=3)
+    assert budget.plan(_rows(*[0.9] * 16), depth=_depth(0.9)) == [8] * 16  # a thin tail: the fixed part dominates
+    assert budget.plan(_rows(0.9, 0.9), caps=[3, 20], depth=_depth(0.9)) == [3, 8]  # no further than its end
     full = budget.plan(_rows(*[0.9] * 100, *[0.3] * 100), depth=_depth(0.9))
-    assert min(full[:100]) >= 3 and max(full[100:]) == 0  # compute-bound: the likely tokens of the likely rows
-    assert sum(budget.plan(_rows(*[0.9] * 400))) == 512 - 400  # a full batch: what rides along free, no more
+    assert min(full[:100]) >= 3 and max(full[100:]) == 0  # a full batch: the likely tokens of the likely rows
+    assert budget.planned == (200 + sum(full), 100)
+    assert max(budget.plan(_rows(*[0.9] * 400), depth=_depth(0.2))) == 1  # deeper tokens do not pay their GEMMs
+    slow_proposer = _budget(15e-3, 20e-6, row_s=1e-3)
+    assert sum(slow_proposer.plan(_rows(*[0.9] * 100, *[0.3] * 100), depth=_depth(0.9))) == 0
     lost = _rows(*[0.9] * 300, 0.0)
-    assert [budget.plan(lost)[-1] for _ in range(5)] == [0, 0, 1, 0, 0]  # a row never accepted retries every 3 steps
+    assert [budget.plan(lost, depth=_depth(0.9))[-1] for _ in range(5)] == [0, 0, 1, 0, 0]  # retries every 3 steps
     row = RowAcceptance()
     row.verified(4, 0)
     assert row.rate < 0.5
@@ -118,34 +130,50 @@ def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_draf
     assert np.allclose(depth.after_first(6), 0.6 ** np.arange(6), atol=0.06)
 
 
-def test_where_matched_drafts_go_on_matching_the_free_room_goes_to_the_likely_rows_deeper_tokens():
-    """150 rows that accept a first draft token 90% of the time and 150 that do 30%, 212 draft tokens free: where a
-    token after an accepted one is rarely accepted, the room goes to the other rows' first tokens; where it mostly is
-    (real text: a draft that matched goes on matching), to the likely rows' second tokens."""
-    budget = DraftBudget(max_tokens=8, step_tokens=512, retry_every=10**9)
-    rows = _rows(*[0.9] * 150, *[0.3] * 150)
-    short = budget.plan(rows, depth=_depth(0.2))
-    deep = budget.plan(rows, depth=_depth(0.95))
-    assert sum(short) == sum(deep) == 212  # what rides along free, no more
-    assert max(short[:150]) == 1 and sum(short[150:]) == 62
-    assert min(deep[:150]) >= 1 and max(deep[:150]) == 2 and max(deep[150:]) == 0
+def test_the_step_cost_learns_the_fixed_part_and_the_proposers_time_from_what_steps_took():
+    cost = StepCost(token_s=20e-6)
+    assert cost.fixed_s is None and cost.seconds(100, 0) > 1e6  # unknown: drafts cost nothing beside it
+    for _ in range(10):
+        cost.step_took(15e-3 + 20e-6 * 300, 300, 0)
+    cost.step_took(30.0, 300, 0)  # the engine idled between two rollout steps: one outlier, the median holds
+    assert cost.fixed_s == pytest.approx(15e-3)
+    cost.proposed(4.8e-3, 100)
+    assert cost.row_s == pytest.approx(48e-6)
+    cost.proposed(0.0, 0)  # nobody proposed: nothing learned
+    cost.proposed(2.4e-3, 100)
+    assert 24e-6 < cost.row_s < 48e-6
+    assert cost.seconds(400, 100) == pytest.approx(cost.fixed_s + 400 * 20e-6 + 100 * cost.row_s)
+
+
+def test_the_budgets_token_price_is_the_step_models_within_a_tenth():
+    """The product prices a verified token from the model's parameters; the replay's step model from its GEMMs."""
+    from infsample_lab.replay.hardware import GPUS, MODELS, StepCostModel
+    from verl_infsample.drafter.budget import VERIFY_S_PER_PARAM
+
+    for name in ("qwen3-1.7b", "qwen3-8b", "llama-3.1-8b", "qwen3-32b"):
+        for gpu in ("h100", "h200"):
+            modeled = StepCostModel(GPUS[gpu], MODELS[name]).verify_token_seconds()
+            assert VERIFY_S_PER_PARAM * MODELS[name].params == pytest.approx(modeled, rel=0.1), (name, gpu)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 3), st.integers(2, 12),
-       st.floats(0.0, 1.0))
-def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth, step_tokens, after_first):
-    """Expected tokens per step time, step time max(1, verified / step_tokens), the j-th token of a row with
-    first-token rate a gaining a times the batch's acceptance of tokens 2..j: no draft lengths do better."""
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 3), st.floats(1e-4, 1.0),
+       st.floats(0.0, 0.1), st.floats(0.0, 0.1), st.floats(0.0, 1.0))
+def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth, fixed_s, token_s, row_s,
+                                                                  after_first):
+    """Expected tokens per second, a step ``fixed_s + token_s * verified + row_s * rows that draft``, the j-th
+    token of a row with first-token rate a gaining a times the batch's acceptance of tokens 2..j: no draft lengths
+    do better."""
     import itertools
 
-    budget = DraftBudget(max_tokens=depth, step_tokens=step_tokens, retry_every=10**9)
+    budget = _budget(fixed_s, token_s, row_s)
+    budget.max_tokens = depth
     by_position = _depth(after_first, tokens=depth, verdicts=50)
     reach = by_position.after_first(depth)
 
     def value(ks):
         tokens = sum(1 + a * sum(reach[:k]) for a, k in zip(rates, ks))
-        return tokens / max(1.0, sum(1 + k for k in ks) / step_tokens)
+        return tokens / (fixed_s + token_s * sum(1 + k for k in ks) + row_s * sum(k > 0 for k in ks))
 
     best = max(value(ks) for ks in itertools.product(range(depth + 1), repeat=len(rates)))
     assert value(budget.plan(_rows(*rates), depth=by_position)) == pytest.approx(best, rel=1e-9)
@@ -390,7 +418,7 @@ def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_e
     tokens to the trees in runs; when it ends, its last tokens (less than a run) reach them too."""
     drafter = Drafting(4, 64)
     budget = drafter.budget
-    drafter.budget = type("NoDraftsBudgetStub", (), {"plan": lambda self, rows, caps, depth: [0] * len(rows)})()
+    drafter.budget = _budget(1e-3, 0.0, row_s=1.0)  # a proposer far slower than a step: no row drafts
     answer = list(range(50, 61))  # 11 tokens: one run of 8, and 3 left over
     preempted = {"a": _told(group="g")}
     drafter.propose_batch(_batch([("a", [1, 2], answer[:4])]), [answer[3:4]], preempted)
@@ -545,6 +573,7 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
     import torch
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+    from verl_infsample.drafter.budget import VERIFY_S_PER_PARAM
     from verl_infsample.drafter.law_guard import CHECK_EVERY
 
     answer = list(range(50, 62))
@@ -557,7 +586,7 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
             return SimpleNamespace(sampled_token_ids=self.verdicts)
 
     runner = SimpleNamespace(input_batch=_batch([("s", [1, 2], answer)]), requests={"s": requests["a"]},
-                             rejection_sampler=SamplerStandIn())
+                             rejection_sampler=SamplerStandIn(), model=torch.nn.Linear(10, 10))
     drafter = GroupDrafter(_DrafterConfig(), runner=runner, read_here=True)
     drafter.propose([answer[-1:]])  # a sibling of the group decodes the whole answer, and leaves
     runner.input_batch, runner.requests = _batch([]), {}
@@ -581,4 +610,6 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
     drafter.propose([[99], answer[7:8]])
     s = drafter.drafting.stats
     assert (s.drafted, s.accepted) == (8, 6)
+    cost = drafter.drafting.budget.cost  # a verified token priced by the model's 110 parameters; steps timed
+    assert cost.token_s == pytest.approx(110 * VERIFY_S_PER_PARAM) and cost.fixed_s is not None and cost.row_s > 0
     assert s.law.tested == 3 + 4 and s.law.accepted == 6 and s.law.expected == pytest.approx(7 / vocab)

@@ -69,6 +69,7 @@ def test_the_drafts_table_runs_every_lane_on_text_and_synthetic_acceptance(tmp_p
     echo, synthetic = rows
     assert echo["vllm_suffix_tokens_per_step"] > 1.5 and echo["infinite_group_tokens_per_step"] > 1.5
     assert echo["vllm_off_vs_vllm"] == 1.0 and "group_vs_fixed_k" not in echo
+    assert echo["synchronous_floor_vs_vllm"] > 1.0  # the host's time, no longer overlapped, with nothing drafted
     assert 0 < synthetic["group_vs_fixed_k"] and synthetic["infinite_suffix_tokens_per_step"] > 1.5
     table = module.markdown(rows)
     assert table.count("\n| ") == 2 and "| synthetic 0.5 | 256 | 1 |" in table

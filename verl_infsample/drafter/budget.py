@@ -1,22 +1,24 @@
-"""How many tokens each row drafts this step, chosen for the whole batch at once.
+"""How many tokens each row drafts this step, chosen for the whole batch at once, by what a step costs.
 
-A step's forward pass is bound by reading the weights while it verifies fewer than ``step_tokens`` tokens; beyond
-that it is bound by compute, and its time grows with the tokens it verifies. A row's j-th draft token gains the
-probability that it and the j-1 before it are accepted: the row's own acceptance of its first draft token
-(:class:`RowAcceptance`) times the batch's acceptance of a token at each later position given the one before it was
-accepted (:class:`DepthAcceptance`; on real text a token after an accepted one is accepted far more often than the
-first: a draft that matched goes on matching). :meth:`DraftBudget.plan` takes the draft tokens of every row in order
-of that gain and stops where the expected tokens per unit of step time stop growing: while the step stays under
-``step_tokens`` every draft token rides along for free, so a thin tail (few rows) drafts as long as the trees offer;
-a full batch drafts only its likely tokens, or none. A row given no draft tokens (a low acceptance in a full batch)
-does not propose at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps, so its
-acceptance stays current. Each row's cap comes from its caller (``drafting``: its room in the model, and its
-predicted end while it has not outlived it).
+A step's seconds, as the budget weighs them (:class:`StepCost`): a fixed part (the weights read once, the rows' KV,
+the host's scheduling), a part for each verified token (its GEMMs: about 20 us on an H100 for an 8B model), and the
+proposer's time for each row that drafts. A row's j-th draft token gains the probability that it and the j-1 before
+it are accepted: the row's own acceptance of its first draft token (:class:`RowAcceptance`) times the batch's
+acceptance of a token at each later position given the one before it was accepted (:class:`DepthAcceptance`; on real
+text a token after an accepted one is accepted far more often than the first: a draft that matched goes on
+matching). :meth:`DraftBudget.plan` picks the draft lengths that maximise the step's expected tokens per second: a thin
+tail (few rows, a step's fixed part dominant) drafts as long as the trees offer; a full batch drafts only the tokens
+likely enough to pay for their GEMMs and the proposer's time, or none. A row given no draft tokens does not propose
+at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps, so its acceptance stays
+current. Each row's cap comes from its caller (``drafting``: its room in the model, and its predicted end while it
+has not outlived it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -24,6 +26,11 @@ import numpy as np
 ACCEPTANCE_PRIOR = 0.5  # acceptance of a token before any was verified
 ACCEPTANCE_MEMORY = 0.7  # weight of a row's past in its running acceptance (per verified step)
 DEPTH_MEMORY = 0.998  # weight of the past in the batch's counts by position (per verified row)
+# A verified token's GPU seconds per model parameter (on the worker's shard): the token GEMMs' 2 FLOPs a parameter at
+# an H100's / H200's dense bf16 peak (989 TFLOP/s) and the token efficiency the step model is fitted to (0.75;
+# docs/step_model.md): 20 us a token for Llama-3.1-8B. On other GPUs it scales with their peak.
+VERIFY_S_PER_PARAM = 2 / (989e12 * 0.75)
+STEPS_REMEMBERED = 16  # steps whose seconds give the fixed part (their median: an idle gap between steps is an outlier)
 
 
 @dataclass
@@ -110,11 +117,48 @@ class AcceptanceRecord:
         return accepted
 
 
-@dataclass(frozen=True)
+@dataclass
+class StepCost:
+    """A step's seconds as the budget weighs drafts: ``fixed_s + token_s * verified + row_s * drafting`` (verified:
+    every decoding row's sampled token and its draft tokens; drafting: the rows that proposed). ``token_s`` is given
+    (:data:`VERIFY_S_PER_PARAM` times the model's parameters); ``row_s`` and ``fixed_s`` are learnt from the proposer's
+    own time (:meth:`proposed`) and the steps' seconds (:meth:`step_took`), wall-clock in a run, modeled in the
+    replay. Until a step's seconds are known the fixed part is taken as large: drafts cost nothing."""
+
+    token_s: float = 0.0
+    row_s: float = 0.0
+    _fixed: deque = field(default_factory=lambda: deque(maxlen=STEPS_REMEMBERED), repr=False)
+
+    @property
+    def fixed_s(self) -> float | None:
+        return statistics.median(self._fixed) if self._fixed else None
+
+    def seconds(self, verified: float, drafting: float) -> float:
+        fixed = self.fixed_s
+        return (fixed if fixed is not None else 1e9) + self.token_s * verified + self.row_s * drafting
+
+    def step_took(self, seconds: float, verified: int, drafting: int) -> None:
+        """A step that verified ``verified`` tokens, ``drafting`` rows having proposed, took ``seconds``."""
+        self._fixed.append(max(0.0, seconds - self.token_s * verified - self.row_s * drafting))
+
+    def proposed(self, seconds: float, drafting: int) -> None:
+        """The proposer spent ``seconds`` drafting for ``drafting`` rows (a running mean a row)."""
+        if drafting > 0:
+            per_row = seconds / drafting
+            self.row_s = per_row if self.row_s == 0 else ACCEPTANCE_MEMORY * self.row_s + (1 - ACCEPTANCE_MEMORY) * per_row
+
+
+@dataclass
 class DraftBudget:
     max_tokens: int = 8  # num_speculative_tokens: vLLM reserves this many slots per row
-    step_tokens: int = 512  # tokens a step verifies before it turns compute-bound (an 8B model in bf16 on an H100/H200)
+    cost: StepCost = field(default_factory=StepCost)
     retry_every: int = 8  # steps a row goes without drafting before it tries one token again
+    planned: tuple[int, int] = (0, 0)  # the last plan's tokens to verify and rows that propose
+
+    def step_took(self, seconds: float) -> None:
+        """The step that verified the last plan's drafts took ``seconds``, its proposing included."""
+        if self.planned[0] > 0:
+            self.cost.step_took(seconds, *self.planned)
 
     def plan(self, rows: list[RowAcceptance], caps: list[int] | None = None,
              depth: DepthAcceptance | None = None) -> list[int]:
@@ -123,13 +167,11 @@ class DraftBudget:
         position (None: none verified yet)."""
         n = len(rows)
         if n == 0:
+            self.planned = (0, 0)
             return []
         caps = np.minimum(self.max_tokens, np.maximum(0, np.asarray(caps if caps is not None else
                                                                     [self.max_tokens] * n, dtype=np.int64)))
-        if n * (1 + int(caps.max(initial=0))) <= self.step_tokens:  # every draft token rides along for free
-            k = caps
-        else:
-            k = self._best(np.array([r.rate for r in rows]), caps, depth or DepthAcceptance(self.max_tokens))
+        k = self._best(np.array([r.rate for r in rows]), caps, depth or DepthAcceptance(self.max_tokens))
         out = []
         for row, ki, cap in zip(rows, k.tolist(), caps.tolist()):
             if ki == 0 and cap > 0:
@@ -139,26 +181,26 @@ class DraftBudget:
             if ki > 0:
                 row.idle_steps = 0
             out.append(ki)
+        self.planned = (n + sum(out), sum(1 for ki in out if ki > 0))
         return out
 
     def _best(self, rates: np.ndarray, caps: np.ndarray, accepted_after: DepthAcceptance) -> np.ndarray:
-        """The draft lengths that maximise expected tokens per step time, step time ``max(1, tokens /
-        step_tokens)``: the draft tokens by falling gain (a row's first-token rate times ``accepted_after``), the
-        best prefix of them."""
+        """The draft lengths that maximise expected tokens per second (:class:`StepCost`), by Dinkelbach's method:
+        at a rate ``lam`` (tokens a second) each row takes the length whose expected tokens less ``lam`` times its
+        seconds is largest, which gives a better rate, until none does (exact for a ratio over a finite set)."""
         n, depth = len(rates), int(caps.max(initial=0))
         if depth == 0:
             return caps
-        after_first = accepted_after.after_first(depth)
-        reach = np.clip(rates, 0.0, 1.0)[:, None] * after_first[None, :]
-        j = np.arange(1, depth + 1)[None, :]
-        gain = np.where(j <= caps[:, None], reach, -1.0)  # -1: beyond the row's cap, never taken
-        order = np.argsort(-gain, axis=None, kind="stable")
-        flat = gain.ravel()[order]
-        flat = flat[flat >= 0]
-        tokens = n + np.concatenate(([0.0], np.cumsum(flat)))
-        verified = n + np.arange(len(flat) + 1)
-        per_time = tokens / np.maximum(1.0, verified / self.step_tokens)
-        taken = int(np.argmax(per_time))
-        k = np.zeros(n, dtype=np.int64)
-        np.add.at(k, order[:taken] // depth, 1)
-        return k
+        reach = np.clip(rates, 0.0, 1.0)[:, None] * accepted_after.after_first(depth)[None, :]
+        lengths = np.arange(depth + 1)
+        gained = np.concatenate((np.zeros((n, 1)), np.cumsum(reach, axis=1)), axis=1)  # expected tokens of length k
+        gained[lengths[None, :] > caps[:, None]] = -np.inf  # beyond the row's cap: never taken
+        seconds = self.cost.token_s * lengths + self.cost.row_s * (lengths > 0)  # a length's own seconds
+        best, rate = np.zeros(n, dtype=np.int64), n / self.cost.seconds(n, 0)
+        for _ in range(32):
+            k = np.argmax(gained - rate * seconds[None, :], axis=1)
+            better = (n + gained[np.arange(n), k].sum()) / self.cost.seconds(n + k.sum(), np.count_nonzero(k))
+            if better <= rate * (1 + 1e-12):
+                break
+            best, rate = k, better
+        return best

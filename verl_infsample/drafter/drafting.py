@@ -4,7 +4,9 @@ teach.
 Each step, rows start (their prompt into the trees, keyed by their group), grow (their new tokens into the trees:
 at once for a row that drafts, in runs of ``SYNC_EVERY`` for one that does not) and stop (a finished answer stays a
 draft source; a head's is dropped, its rest carries it). ``budget.DraftBudget`` says how many tokens each row drafts,
-``trees.DraftTrees`` what they are. The verdicts feed each row's acceptance, the choice of source and the law tally.
+``trees.DraftTrees`` what they are, weighing what a step costs (``budget.StepCost``: the proposer's own time measured
+here, the step's seconds told by :meth:`Drafting.step_took`). The verdicts feed each row's acceptance, the choice of
+source and the law tally.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .budget import AcceptanceRecord, DraftBudget
+from .budget import AcceptanceRecord, DraftBudget, StepCost
 from .hints import NO_HINTS, RowHints
 from .law_guard import LawTally
 from .trees import MAX_TREE_DEPTH, DraftTrees
@@ -61,11 +63,12 @@ class _Row:
 
 
 class Drafting:
-    """``k``: most tokens a row drafts; ``max_model_len``: a row drafts no further than its room in the model."""
+    """``k``: most tokens a row drafts; ``max_model_len``: a row drafts no further than its room in the model;
+    ``token_s``: a verified token's seconds (``budget.StepCost``)."""
 
-    def __init__(self, k: int, max_model_len: int):
+    def __init__(self, k: int, max_model_len: int, token_s: float = 0.0):
         self.k, self.max_model_len = k, max_model_len
-        self.budget = DraftBudget(max_tokens=k)
+        self.budget = DraftBudget(max_tokens=k, cost=StepCost(token_s=token_s))
         self.acceptance = AcceptanceRecord(k)
         self.trees = DraftTrees()
         self.rows: dict[str, _Row] = {}
@@ -96,6 +99,7 @@ class Drafting:
                                    self.acceptance.depth)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.stats.rows += len(decoding)
+        drafting_before = self.stats.drafting_s
         for i, k in zip(decoding, lengths):
             req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
             row, tokens = self.rows[req_id], batch.token_ids_cpu[i]
@@ -112,12 +116,17 @@ class Drafting:
             self.stats.from_group += draft.source == "group"
             drafts[i] = draft.token_ids
             self.stats.drafting_s += time.perf_counter() - began
+        self.budget.cost.proposed(self.stats.drafting_s - drafting_before, self.budget.planned[1])
         seen = set(batch.req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.rows if r not in seen and r not in hints]:
             self._stop(req_id)
         self.stats.steps += 1
         self.stats.propose_s += time.perf_counter() - start
         return drafts
+
+    def step_took(self, seconds: float) -> None:
+        """The step that verified the last proposal's drafts took ``seconds``, its proposing included."""
+        self.budget.step_took(seconds)
 
     def verified(self, req_ids, draft_token_ids: list[list[int]], output_token_ids, probabilities=None) -> None:
         """The verdicts on a step's drafts: row i kept the leading draft tokens equal to its output.

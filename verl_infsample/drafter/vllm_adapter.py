@@ -5,10 +5,12 @@ drafter has with vLLM (versions 0.24 and 0.32), each named once here and nowhere
                         "num_speculative_tokens": K}
 
 1. **Its model runner.** vLLM builds the proposer inside ``GPUModelRunner.__init__`` and hands it only the
-   ``VllmConfig``; the runner (its batch, its requests, its rejection sampler) is found on the call stack
-   (:func:`_building_runner`).
+   ``VllmConfig``; the runner (its batch, its requests, its rejection sampler, its model) is found on the call stack
+   (:func:`_building_runner`). The model's parameters on this worker price a verified token for the budget
+   (``budget.VERIFY_S_PER_PARAM``), counted at the first proposal (the model is loaded after the proposer is built).
 2. **A step's rows.** After sampling, vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``;
-   the rows' request ids and prompt lengths come from the runner's ``input_batch``.
+   the rows' request ids and prompt lengths come from the runner's ``input_batch``. vLLM schedules synchronously
+   with this proposer, so the wall time from one call to the next is a whole step's, which the budget learns from.
 3. **What the server told of each request**: the ``extra_args`` of its sampling parameters (``hints``), read from the
    runner's ``requests``, which also holds rows out of the batch (preempted: they come back).
 4. **The verdicts.** vLLM keeps the rejection sampler's output to itself; the drafter wraps the runner's
@@ -29,10 +31,12 @@ Its trees live in the worker's memory, so weight syncs keep them (an answer of a
 from __future__ import annotations
 
 import sys
+import time
 from typing import Iterator, Mapping
 
 import numpy as np
 
+from .budget import VERIFY_S_PER_PARAM
 from .drafting import Drafting, DrafterStats
 from .hints import NO_HINTS, RowHints
 from .law_guard import rows_to_check, target_probabilities
@@ -50,6 +54,7 @@ class GroupDrafter:
         self.runner = runner or _building_runner()
         self._watched = None  # the rejection sampler whose verdicts we read
         self._unread = None  # the last verified step's verdicts, not yet read (``_read_verdicts``)
+        self._last_call: float | None = None  # when vLLM last called ``propose``
 
     def load_model(self, *args, **kwargs) -> None:
         """No model: vLLM calls this for proposers that have one."""
@@ -67,6 +72,12 @@ class GroupDrafter:
             return [[] for _ in sampled_token_ids]
         if self.runner is None:
             raise RuntimeError("GroupDrafter found no vLLM model runner; build it as GroupDrafter(vllm_config, runner)")
+        now = time.perf_counter()
+        if self._last_call is None:
+            self._price_tokens()
+        else:
+            self.drafting.step_took(now - self._last_call)
+        self._last_call = now
         self._watch_sampler()
         self._read_verdicts()
         batch = self.runner.input_batch
@@ -78,6 +89,13 @@ class GroupDrafter:
         """One draft per row of ``batch`` (vLLM's ``InputBatch``, or one with its fields), ``requests``: vLLM's
         requests by id (contact 3)."""
         return self.drafting.propose_batch(batch, sampled_token_ids, _RequestHints(requests or {}))
+
+    def _price_tokens(self) -> None:
+        """Contact 1: a verified token's seconds from the parameters of the model on this worker."""
+        model = self.runner.get_model() if hasattr(self.runner, "get_model") else getattr(self.runner, "model", None)
+        if model is not None and hasattr(model, "parameters"):
+            params = sum(p.numel() for p in model.parameters())
+            self.drafting.budget.cost.token_s = VERIFY_S_PER_PARAM * params
 
     def _watch_sampler(self) -> None:
         """Contact 4: wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from

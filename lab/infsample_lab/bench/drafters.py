@@ -94,7 +94,8 @@ class Proposer:
     """One drafter behind one call: ``propose(batch, sampled) -> drafts``, and ``verified`` for the ones that
     learn from the verdicts."""
 
-    def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, step_tokens: int = 0):
+    def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, token_s: float = 0.0):
+        """``token_s``: a verified token's seconds, for ``group``'s budget (0: drafts cost nothing)."""
         config = vllm_config(method, k, max_model_len, max_num_seqs)
         self.method, self.k = method, k
         self._proposed = 0
@@ -108,11 +109,9 @@ class Proposer:
             self.impl = SuffixDecodingProposer(config)
         elif method == "group":
             from verl_infsample.drafter import GroupDrafter
-            from verl_infsample.drafter.budget import DraftBudget
 
             self.impl = GroupDrafter(config, runner=object())
-            if step_tokens > 0:
-                self.impl.drafting.budget = DraftBudget(max_tokens=k, step_tokens=step_tokens)
+            self.impl.drafting.budget.cost.token_s = token_s
         else:
             raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS)}")
 
@@ -140,6 +139,11 @@ class Proposer:
     def verified(self, req_ids, drafts, outputs) -> None:
         if self.method == "group":
             self.impl.drafting.verified(req_ids, drafts, outputs)
+
+    def step_took(self, seconds: float) -> None:
+        """The step that verified the last drafts took ``seconds`` (``group``'s budget learns from it)."""
+        if self.method == "group":
+            self.impl.drafting.step_took(seconds)
 
 
 @dataclass
@@ -199,14 +203,14 @@ def _decode_round(proposer: Proposer, rows: list[tuple[str, list[int], list[int]
 
 
 def evaluate(groups: list[PromptGroup], method: str, *, history: int = 0, wave: int = 8,
-             max_draft: int = 8, step_tokens: int = 0) -> DrafterResult:
-    """``step_tokens``: where verifying turns compute-bound, for ``group``'s budget (0: drafts cost nothing, so
-    every drafter drafts what its sources offer and tokens per step compares the sources alone)."""
+             max_draft: int = 8) -> DrafterResult:
+    """Drafts cost nothing here (no step is timed), so every drafter drafts what its sources offer and tokens per
+    step compares the sources alone; ``infsample replay`` prices them."""
     if history < 0 or wave < 1 or max_draft < 1:
         raise ValueError(f"need --history >= 0, --wave >= 1, --max-draft >= 1 (got {history}, {wave}, {max_draft})")
     max_len = max(len(g.prompt) + max(map(len, g.responses)) for g in groups) + max_draft + 2
     rows_at_once = wave * max(len(g.responses) for g in groups)
-    proposer = Proposer(method, max_draft, max_len, max(1, rows_at_once), step_tokens or 1 << 40)
+    proposer = Proposer(method, max_draft, max_len, max(1, rows_at_once))
     tally = _Tally()
     for w in range(0, len(groups), wave):
         part = groups[w:w + wave]
@@ -230,9 +234,6 @@ def add_eval_drafter_parser(sub) -> None:
     p.add_argument("--history", type=int, default=0, help="responses per prompt finished before the rest start")
     p.add_argument("--wave", type=int, default=8, help="prompts decoding side by side")
     p.add_argument("--max-draft", type=int, default=8, help="draft tokens per row at most (speculative_tokens)")
-    p.add_argument("--step-tokens", type=int, default=0,
-                   help="group's budget: tokens a step verifies before it turns compute-bound (the product's default "
-                        "is 512; 0: drafts cost nothing here, comparing the drafters' sources alone)")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     p.set_defaults(func=_cmd_eval_drafter)
 
@@ -245,8 +246,8 @@ def _cmd_eval_drafter(args) -> int:
     if unknown or not methods:
         raise ValueError(f"--drafter {args.drafter!r}: choose from {', '.join(DRAFTERS)}")
     groups = load_groups(args.groups, make_tokenizer(args.tokenizer))
-    results = [evaluate(groups, m, history=args.history, wave=args.wave, max_draft=args.max_draft,
-                        step_tokens=args.step_tokens) for m in methods]
+    results = [evaluate(groups, m, history=args.history, wave=args.wave, max_draft=args.max_draft)
+               for m in methods]
     if args.json:
         for r in results:
             print(json.dumps(asdict(r)))

@@ -5,7 +5,8 @@ the tokens they just sampled) go to the drafter, and its drafts to the scheduler
 (``Scheduler.update_draft_token_ids``). The drafters are the product's own, built from the config
 ``custom.speculative`` gives vLLM (``bench.drafters.Proposer``): vLLM's ``NgramProposer`` and
 ``SuffixDecodingProposer``, and ``GroupDrafter`` with its budget, told each request's group and predicted length
-where the server tells it (``rollout.name=infinite``).
+where the server tells it (``rollout.name=infinite``), and each step's modeled seconds and the modeled seconds of a
+verified token, as in a run it measures the one and counts the other from the model's size.
 
 A drafter's memory outlives a rollout step (its trees live in the worker): each step's drafter is first shown the
 responses its replica finished in earlier steps (:meth:`ReplayDrafts.recall`, at most ``PAST_LIMIT``, the global
@@ -75,18 +76,20 @@ class DraftSetup:
 class ReplayDrafts:
     """One replica's drafter: the rows of its vLLM's input batch, mirrored, and what proposes for them."""
 
-    def __init__(self, setup: DraftSetup, max_model_len: int, max_num_seqs: int, token_of):
-        """``token_of(request_id, position)``: a request's recorded output token at ``position``."""
+    def __init__(self, setup: DraftSetup, max_model_len: int, max_num_seqs: int, token_of, cost=None):
+        """``token_of(request_id, position)``: a request's recorded output token at ``position``; ``cost``: the
+        replay's ``StepCostModel`` (None: drafts cost nothing)."""
         self.setup = setup
         self.method = setup.method
         self.speculative_config = setup.speculative_config()
         self.batch = OfflineBatch(max_num_seqs, max_model_len + setup.tokens + 2)
         self.wall_s = 0.0  # measured here: the proposer's own calls
+        token_s = cost.verify_token_seconds() if cost is not None else 0.0
         if setup.accept is None:
-            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs,
-                                     step_tokens=_product_step_tokens())
-        else:
-            self.proposer = SyntheticDrafter(setup, token_of)
+            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, token_s)
+        else:  # nothing proposes here: the budget is told the proposer's modeled time a row
+            row_s = cost.calibration.propose_group_row_s if cost is not None else 0.0
+            self.proposer = SyntheticDrafter(setup, token_of, token_s, row_s)
 
     def recall(self, past: list[PastResponse]) -> None:
         """Show the drafter ``past`` (oldest first) as it saw them: each a request that ran and finished."""
@@ -108,6 +111,10 @@ class ReplayDrafts:
             while self.batch.req_ids:
                 self.batch.remove(len(self.batch.req_ids) - 1)
             self.proposer.propose(self.batch, [], {})  # gone from the batch: finished
+
+    def step_took(self, seconds: float) -> None:
+        """The step that verified the last drafts took ``seconds`` (modeled; the proposing before it included)."""
+        self.proposer.step_took(seconds)
 
     def after_step(self, scheduler, ids: list[str], sampled: list[list[int]],
                    verified: dict[str, list[int]]) -> tuple[int, int]:
@@ -163,23 +170,18 @@ class _Hinted:
         self.sampling_params = type("Params", (), {"extra_args": {GROUP_ARG: group}})()
 
 
-def _product_step_tokens() -> int:
-    from verl_infsample.drafter.budget import DraftBudget
-
-    return DraftBudget().step_tokens
-
-
 class SyntheticDrafter:
     """Drafts whose tokens are accepted with probability ``accept`` each, until the first rejection: the first j
     are the row's recorded next tokens, the next one is not. ``group`` sizes each row's draft by the product's
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
-    def __init__(self, setup: DraftSetup, token_of):
-        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget
+    def __init__(self, setup: DraftSetup, token_of, token_s: float = 0.0, row_s: float = 0.0):
+        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget, StepCost
 
         self.setup = setup
         self.token_of = token_of
-        self.budget = DraftBudget(max_tokens=setup.tokens) if setup.method == "group" else None
+        self.budget = (DraftBudget(max_tokens=setup.tokens, cost=StepCost(token_s=token_s, row_s=row_s))
+                       if setup.method == "group" else None)
         self.acceptance = AcceptanceRecord(setup.tokens)
         self.rng = np.random.default_rng(setup.seed)
         self.proposing_rows = 0
@@ -209,3 +211,7 @@ class SyntheticDrafter:
 
     def verified(self, req_ids, drafts, outputs) -> None:
         self.acceptance.verified(req_ids, drafts, outputs)
+
+    def step_took(self, seconds: float) -> None:
+        if self.budget is not None:
+            self.budget.step_took(seconds)

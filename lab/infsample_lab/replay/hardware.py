@@ -205,6 +205,11 @@ class StepCostModel:
         reads plus the tokens' cost, plus the step overhead (the module docstring)."""
         return float(self._combine(*self.terms(new_tokens, contexts, sampling_rows)))
 
+    def verify_token_seconds(self) -> float:
+        """What one more verified token adds to a step below the compute roofline: its GEMMs and LM head at the
+        token efficiency (the drafts' budget weighs draft tokens by it)."""
+        return float(self._terms(1.0, 0.0, 0.0, 1.0)[2] / self.calibration.token_flop_efficiency)
+
     def host_seconds(self, rows: int) -> float:
         """The engine's host time for a step of ``rows`` scheduled rows, drafting aside."""
         return self.calibration.host_step_s + self.calibration.host_row_s * rows
@@ -224,11 +229,13 @@ class StepCostModel:
             return max(gpu_s, host)
         return gpu_s + host + self.propose_seconds(drafter, called, drafting)
 
-    def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None) -> float:
+    def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None,
+                           synchronous: bool = False) -> float:
         """``steps`` decode steps of the same rows, each row one token a step, row i starting at ``contexts[i]``,
-        drafts off: the sum of :meth:`step_seconds` over them, in closed form per step. ``kv_tokens_read``: the KV tokens the first
-        of them reads, where rows share some (an engine that reads a group's prompt once for all its samples);
-        default: every row its own context."""
+        drafts off: the sum of :meth:`step_seconds` over them, in closed form per step. ``kv_tokens_read``: the KV
+        tokens the first of them reads, where rows share some (an engine that reads a group's prompt once for all
+        its samples); default: every row its own context. ``synchronous``: as vLLM runs them with the group drafter
+        drafting nothing (the host's time and the drafter's upkeep added to each step)."""
         if steps <= 0:
             return 0.0
         rows = len(contexts)
@@ -238,6 +245,8 @@ class StepCostModel:
         attended = base + rows * j + rows  # each row: context + j, plus itself
         kv_tokens = read + rows * j + rows + rows  # read (context + j, and the new token), the new token written
         per_step = self._combine(*self._terms(float(rows), attended, kv_tokens, rows))
+        if synchronous:
+            return float(np.sum(per_step) + steps * self.step_seconds(0.0, rows, "group", rows, 0))
         return float(np.sum(np.maximum(per_step, self.host_seconds(rows))))
 
     def kv_pool_blocks(self, gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int,

@@ -131,6 +131,9 @@ class StepRow:
     tokens_per_step: float  # tokens a row sampled per step it decoded (1.0: drafts off, or none accepted)
     drafted_per_step: float  # draft tokens verified per row and step
     propose_s: float  # the drafter's modeled time on the slowest replica (in its model_s)
+    # drafts off: the slowest replica's steps scheduled synchronously, a drafter drafting nothing (what drafts
+    # cost before they gain anything: vLLM turns async scheduling off for the group drafter)
+    synchronous_s: float
     # our router only: the share of this step's requests whose prompt was served before that went back to its
     # replica (None: none had a past), and the work placed beyond the least-loaded replica, over the work placed
     past_found: float | None = None
@@ -362,6 +365,7 @@ def _row(backend, config: ReplayConfig, prompts, samples: list[StepSample], per_
         tokens_per_step=round(sum(r.output_tokens for r in per_replica) / decode_rows, 4),
         drafted_per_step=round(sum(r.drafted for r in per_replica) / decode_rows, 4),
         propose_s=round(slowest.propose_s, 3),
+        synchronous_s=round(max(r.synchronous_s for r in per_replica), 3),
         **getattr(backend, "step_past", {}))
 
 

@@ -114,6 +114,9 @@ class ReplicaResult:
     proposer_rows: int = 0  # rows the drafter was called for (every decoding row), summed over steps
     proposing_rows: int = 0  # of which rows it drafted for
     propose_s: float = 0.0  # the drafter's modeled time (in model_s)
+    # drafts off only: the same steps as vLLM runs them with a drafter that drafts nothing (the group drafter's):
+    # scheduled synchronously, each step its GPU time plus its host time and the drafter's upkeep of each row
+    synchronous_s: float = 0.0
     host_wall_s: float = 0.0  # measured here: the scheduler's own calls (``infsample replay-host`` fits on it)
     propose_wall_s: float = 0.0  # measured here: the drafter's calls
     drafting_wall_s: float | None = None  # of which on the rows that drafted (the group drafter tells; None: all)
@@ -184,7 +187,7 @@ class ReplicaReplay:
         front of vLLM), instead of going in as its probe ends. ``drafts``: what drafts for the rows (None: off)."""
         from .drafts import ReplayDrafts
 
-        drafts = ReplayDrafts(drafts, setup.max_model_len, setup.max_num_seqs, self._token) \
+        drafts = ReplayDrafts(drafts, setup.max_model_len, setup.max_num_seqs, self._token, cost) \
             if drafts is not None and drafts.on else None
         self.setup = setup
         self.cost = cost
@@ -193,6 +196,7 @@ class ReplicaReplay:
         self.keep_timeline = keep_timeline
         self.rests_held = rests_held
         self.drafts = drafts
+        self._proposed_s = 0.0  # the drafter's modeled time after the last step (the next step's interval holds it)
         self.scheduler = build_scheduler(model_dir, setup, drafts.speculative_config if drafts else None)
 
     def recall(self, past) -> None:
@@ -354,14 +358,20 @@ class ReplicaReplay:
                 if o.finish_reason is not None:
                     self._finish(o.request_id, res)
                     finished += 1
+        if self.drafts is not None and self.cost is not None and ids:
+            # what the drafter's clock would read from its last proposal to this one: that proposal, this step
+            self.drafts.step_took(self._proposed_s + self.cost.step_seconds(gpu_s, len(ids), self.drafts.method))
         called, drafting = self.drafts.after_step(s, ids, sampled, spec) if self.drafts is not None else (0, 0)
         res.proposer_rows += called
         res.proposing_rows += drafting
         if self.cost is not None and ids:
             drafter = self.drafts.method if self.drafts is not None else None
             res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, called, drafting)
+            if drafter is None:
+                res.synchronous_s += self.cost.step_seconds(gpu_s, len(ids), "group", len(decoding), 0)
             if drafter is not None:
-                res.propose_s += self.cost.propose_seconds(drafter, called, drafting)
+                self._proposed_s = self.cost.propose_seconds(drafter, called, drafting)
+                res.propose_s += self._proposed_s
         res.peak_kv_blocks = max(res.peak_kv_blocks, self._blocks_in_use())
         # the head of the waiting queue was refused by a batch of decode rows alone (no prefill in flight, whose
         # end would change what vLLM admits), and until something finishes or is preempted it will be again
@@ -420,6 +430,7 @@ class ReplicaReplay:
             res.timeline.append((res.model_s, len(running)))
         if self.cost is not None:
             res.model_s += self.cost.decode_run_seconds(c.astype(float), k)
+            res.synchronous_s += self.cost.decode_run_seconds(c.astype(float), k, synchronous=True)
         for r in running:
             start = r.num_output_tokens
             r.append_output_token_ids([self._token(r.request_id, start + j) for j in range(k)])
