@@ -1,11 +1,12 @@
 """The README's drafts table: what drafts save a GPU user, from ``infsample replay`` (steps exact, seconds modeled).
 
-Three rollouts of each trace, every one through vLLM's own scheduler: verl's ``rollout.name=vllm`` with drafts off,
-the same with vLLM's own ``suffix`` drafts (what ``engine_kwargs`` gives any verl user), and ``rollout.name=infinite``
-with ``custom.speculative=group``; on synthetic acceptances also ``infinite`` drafting a fixed K on every row
-(``suffix@A``), against which group's budget is measured. The floor: drafts on, none drafted (the drafts-off steps
-scheduled synchronously with the group drafter's upkeep), which no budget goes under while vLLM drops async
-scheduling for the drafter.
+Four rollouts of each trace, every one through vLLM's own scheduler: verl's ``rollout.name=vllm`` with drafts off,
+the same with vLLM's own ``suffix`` drafts (what ``engine_kwargs`` gives any verl user), ``rollout.name=infinite``
+with ``custom.speculative=group``, and with ``group_gpu`` (modeled, it does not ship: a device-resident group drafter
+that keeps vLLM's async scheduling, ``bench/group_match.py``); on synthetic acceptances also ``infinite`` drafting a
+fixed K on every row (``suffix@A``), against which group's budget is measured. The floor: drafts on, none drafted
+(the drafts-off steps scheduled synchronously with the group drafter's upkeep), which the host drafter's budget
+cannot go under while vLLM drops async scheduling for it.
 
     python scripts/drafts_table.py [--text NAME=G.jsonl[:TOKENIZER] ...] [--accept 0.3,0.6] [--replicas 1,8]
         [--caps 4096,16384] [--samples-per-replica 1024] [--history 2] [--seed 907] [--json | --markdown]
@@ -27,7 +28,7 @@ from verl_infsample.core.trace import synth_rl_trace
 from verl_infsample.report import format_table, progress
 from infsample_lab.replay.runner import ReplayConfig, replay
 
-LANES = (("vllm", "off"), ("vllm", "suffix"), ("infinite", "group"))
+LANES = (("vllm", "off"), ("vllm", "suffix"), ("infinite", "group"), ("infinite", "group_gpu"))
 
 
 def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
@@ -59,14 +60,15 @@ def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
 def markdown(rows: list[dict]) -> str:
     """The README's table: each lane's modeled time over verl's ``vllm`` with drafts off."""
     lines = ["| trace | cap | replicas | verl `vllm`: steps, s | `vllm` + `suffix` | `infinite` + `group` | floor | "
-             "group / suffix | group / fixed K | tokens a step: suffix, group |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "`group_gpu` (modeled) | group / suffix | group / fixed K | tokens a step: suffix, group, group_gpu |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:
         fixed = f"{c['group_vs_fixed_k']:.3f}" if "group_vs_fixed_k" in c else "-"
         lines.append(f"| {c['trace']} | {c['cap']} | {c['replicas']} | {c['vllm_steps']}, {c['vllm_s']:.3g} | "
                      f"{c['vllm_suffix_vs_vllm']:.3f} | {c['infinite_group_vs_vllm']:.3f} | "
-                     f"{c['synchronous_floor_vs_vllm']:.3f} | {c['group_vs_suffix']:.3f} | "
-                     f"{fixed} | {c['vllm_suffix_tokens_per_step']:.2f}, {c['infinite_group_tokens_per_step']:.2f} |")
+                     f"{c['synchronous_floor_vs_vllm']:.3f} | {c['infinite_group_gpu_vs_vllm']:.3f} | "
+                     f"{c['group_vs_suffix']:.3f} | {fixed} | {c['vllm_suffix_tokens_per_step']:.2f}, "
+                     f"{c['infinite_group_tokens_per_step']:.2f}, {c['infinite_group_gpu_tokens_per_step']:.2f} |")
     return "\n".join(lines)
 
 

@@ -533,6 +533,38 @@ def test_eval_drafter_ranks_drafters_on_text_whose_siblings_agree(tmp_path):
     assert noise.tokens_per_step < rows["group"]["tokens_per_step"]
 
 
+def test_the_device_matching_drafts_from_the_group_then_the_row_then_the_run():
+    """``group_gpu``'s matching (a device drafter that does not ship, measured to decide whether to build it): a
+    row's last tokens looked up in its group's answers and running rows, its own text, then the run's answers; the
+    continuation most occurrences agree on; never the row's own tail, never past a text's end."""
+    from infsample_lab.bench.group_match import SEPARATOR, GroupMatchDrafter, first_match
+
+    source = np.array([1, 2, 3, 9, SEPARATOR, 1, 2, 3, 4, 5, SEPARATOR, 1, 2, 3, 4, 6, SEPARATOR])
+    assert first_match(source, np.array([2, 3]), 3) == [4, 5]  # 4 follows twice, 9 once; then a tie: the first
+    assert first_match(source, np.array([9]), 3) == []  # only a separator after it
+    assert first_match(source, np.array([7, 7]), 3) == []
+    drafter = GroupMatchDrafter(k=4)
+    answer = [50, 51, 52, 53, 54, 55, 56, 57]
+    batch = OfflineBatch(4, 64)
+    batch.add("a", [1, 2])
+    batch.append(0, answer)
+    drafter.propose(batch, [answer[-1:]])
+    batch.remove(0)  # "a" finished: its answer is its group's and the run's
+    for rid, prompt, start in (("b", [1, 2], answer[:3]), ("c", [7, 7], answer[:3]), ("d", [1, 2], [60, 50, 51])):
+        batch.add(rid, prompt)
+        batch.append(len(batch.req_ids) - 1, start)
+    drafts = drafter.propose(batch, [[52], [52], [51]])
+    assert drafts[0] == answer[3:7]  # its group's answer
+    assert drafts[1] == answer[3:7]  # another prompt: the run's answers
+    assert drafts[2] == answer[2:6]  # its group's answer, at a shorter match ([50, 51])
+    assert drafter.scanned_tokens > 0 and drafter.proposing_rows == 3
+    alone = GroupMatchDrafter(k=4)
+    batch = OfflineBatch(1, 64)
+    batch.add("e", [3, 4, 5])
+    batch.append(0, [9, 3, 4])
+    assert alone.propose(batch, [[4]]) == [[5, 9, 3, 4]]  # its own text, its prompt too, not its own tail
+
+
 def test_eval_drafter_names_what_is_wrong_with_its_input(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt_id": 1, "prompt": "q", "responses": ["a b"]}\n{"prompt": "q", "responses": []}\n')
@@ -556,7 +588,7 @@ def test_any_text_is_decoded_whole_by_every_drafter(groups, history, wave, max_d
     if not parts:
         return
     want = sum(len(r) for g in parts for r in g.responses[history:])
-    for method in ("suffix", "group"):
+    for method in ("suffix", "group", "group_gpu"):
         result = evaluate(parts, method, history=history, wave=wave, max_draft=max_draft)
         assert result.tokens == want
         assert 1.0 <= result.tokens_per_step <= max_draft + 1 or result.tokens == 0

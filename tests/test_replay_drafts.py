@@ -53,27 +53,28 @@ def _requests(groups, group_hint=False) -> list[ReplayRequest]:
             for g in groups for j, r in enumerate(g.responses)]
 
 
-@pytest.mark.parametrize("method", ["suffix", "group"])  # ngram reads only the sample's own text: below
+@pytest.mark.parametrize("method", ["suffix", "group", "group_gpu"])  # ngram reads only the sample's own text: below
 def test_drafts_verified_against_the_recorded_tokens_answer_every_sample_in_fewer_steps(method):
-    requests = _requests(_groups(), group_hint=method == "group")
+    requests = _requests(_groups(), group_hint=method.startswith("group"))
     off = _run(requests, None)
     on = _run(requests, DraftSetup(method, tokens=4))
     lengths = sorted((r.request_id, r.length) for r in requests)
     assert sorted(off.finished) == sorted(on.finished) == lengths  # every sample once, at its length
     assert on.output_tokens == off.output_tokens == sum(r.length for r in requests)
     assert 0 < on.accepted <= on.drafted and on.output_tokens == on.decode_rows + on.accepted
-    assert on.engine_steps < off.engine_steps and on.propose_s > 0 and off.propose_s == 0
+    assert on.engine_steps < off.engine_steps and off.propose_s == 0
+    assert (on.propose_s > 0) == (method != "group_gpu")  # a device drafter takes no host time
     assert on.proposing_rows <= on.proposer_rows
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "group"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "group", "group_gpu"])
 def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token(method):
     """No drafter sees the future. Four siblings share an opening of 30 tokens, then each goes on with 30 tokens of
     its own; two run at a time. The later two draft their opening from the earlier two's answers (suffix, group;
     ngram reads only the sample's own text) and accept nothing of their own tails, though every sample's recorded
     tokens are in the replay: each tail token takes a step of its own. The same siblings repeating one phrase
     accept almost every draft token."""
-    group = "g" if method == "group" else None
+    group = "g" if method.startswith("group") else None
     opening = tuple(range(2000, 2030))
     diverging = [ReplayRequest(f"r{i}", (1, 2, 3), 60, tokens=opening + tuple(range(3000 + 30 * i, 3030 + 30 * i)),
                                **_hints(group)) for i in range(4)]
@@ -95,7 +96,7 @@ def test_synthetic_drafts_accept_as_told():
     assert every.engine_steps == 40 + 1  # five tokens a step; the first step is the prefill's
     half = _run(requests, DraftSetup("suffix", tokens=4, accept=0.5))
     assert 1.8 < half.output_tokens / half.decode_rows < 2.1  # 1 + 0.5 + 0.25 + 0.125 + 0.0625 = 1.94
-    # group's budget: a full batch at low acceptance drafts what rides along free (512 tokens a step), not K a row
+    # group's budget: a full batch at low acceptance drafts only the tokens that pay for their GEMMs, not K a row
     wide = [ReplayRequest(f"w{i}", (1, 2, 3), 100) for i in range(128)]
     fixed, budget = (_run(wide, DraftSetup(m, tokens=8, accept=0.3), seqs=128, blocks=2000, batched=8192)
                      for m in ("suffix", "group"))
@@ -114,6 +115,13 @@ def test_the_host_time_overlaps_without_drafts_and_adds_with_them():
     group = StepCostModel(GPUS["h200"], QWEN8, calibration=Calibration(upkeep_group_row_s=1e-5,
                                                                         propose_group_row_s=1e-4))
     assert group.propose_seconds("group", 100, 10) == pytest.approx(0.001 + 0.001)  # upkeep on all, drafts on ten
+    # a device drafter keeps the overlap: its kernel adds to the GPU's time (at least the published share of it,
+    # or its reads over the bandwidth), nothing to the host's
+    assert group.propose_seconds("group_gpu", 100, 100) == 0
+    assert cost.step_seconds(gpu, 100, "group_gpu", 100, 100, device_s=0.001) == pytest.approx(0.021)
+    assert cost.step_seconds(gpu, 400, "group_gpu", 400, 400, device_s=0.001) == pytest.approx(0.041)
+    assert cost.device_draft_seconds(gpu, 0) == pytest.approx(0.0059 * gpu)
+    assert cost.device_draft_seconds(gpu, 10**9) == pytest.approx(4e9 / GPUS["h200"].hbm_bytes_per_s)
     contexts = np.full(300, 1000.0)  # drafts off, the host longer than the GPU: the stretch pays the host's time
     step = cost.step_seconds(cost.seconds(np.ones(300), contexts, 300), 300)
     assert cost.decode_run_seconds(contexts, 1) == pytest.approx(step)

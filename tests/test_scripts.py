@@ -70,6 +70,9 @@ def test_the_drafts_table_runs_every_lane_on_text_and_synthetic_acceptance(tmp_p
     assert echo["vllm_suffix_tokens_per_step"] > 1.5 and echo["infinite_group_tokens_per_step"] > 1.5
     assert echo["vllm_off_vs_vllm"] == 1.0 and "group_vs_fixed_k" not in echo
     assert echo["synchronous_floor_vs_vllm"] > 1.0  # the host's time, no longer overlapped, with nothing drafted
+    # the device lane keeps the overlap: where its drafts are accepted it beats the host drafter's floor
+    assert echo["infinite_group_gpu_tokens_per_step"] > 1.5
+    assert echo["infinite_group_gpu_vs_vllm"] < echo["synchronous_floor_vs_vllm"]
     assert 0 < synthetic["group_vs_fixed_k"] and synthetic["infinite_suffix_tokens_per_step"] > 1.5
     table = module.markdown(rows)
     assert table.count("\n| ") == 2 and "| synthetic 0.5 | 256 | 1 |" in table

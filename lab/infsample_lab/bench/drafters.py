@@ -24,6 +24,9 @@ import numpy as np
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
 
 DRAFTERS = ("ngram", "suffix", "group")
+# drafters that do not ship, measured to decide whether to build them: ``group_gpu``, the matching a device-resident
+# group drafter would run (``group_match``)
+MODELED_DRAFTERS = ("group_gpu",)
 
 
 @dataclass
@@ -96,7 +99,9 @@ class Proposer:
 
     def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, token_s: float = 0.0):
         """``token_s``: a verified token's seconds, for ``group``'s budget (0: drafts cost nothing)."""
-        config = vllm_config(method, k, max_model_len, max_num_seqs)
+        if method not in DRAFTERS + MODELED_DRAFTERS:
+            raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS + MODELED_DRAFTERS)}")
+        config = vllm_config(method, k, max_model_len, max_num_seqs) if method in DRAFTERS else None
         self.method, self.k = method, k
         self._proposed = 0
         if method == "ngram":
@@ -112,8 +117,10 @@ class Proposer:
 
             self.impl = GroupDrafter(config, runner=object())
             self.impl.drafting.budget.cost.token_s = token_s
-        else:
-            raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS)}")
+        elif method == "group_gpu":
+            from .group_match import GroupMatchDrafter
+
+            self.impl = GroupMatchDrafter(k, token_s)
 
     def propose(self, batch: OfflineBatch, sampled: list[list[int]], requests=None) -> list[list[int]]:
         """``requests``: vLLM's requests by id, whose ``extra_args`` the group drafter reads (the server's hints)."""
@@ -123,6 +130,8 @@ class Proposer:
         if self.method == "suffix":
             self._proposed += sum(1 for s in sampled if s)
             return self.impl.propose(self.k, batch, sampled)
+        if self.method == "group_gpu":
+            return self.impl.propose(batch, sampled, requests)
         return self.impl.propose_batch(batch, sampled, requests)
 
     @property
@@ -134,16 +143,22 @@ class Proposer:
     def proposing_rows(self) -> int:
         """Rows proposed for so far: vLLM's own proposers every decoding row, the group drafter those its budget
         let propose."""
+        if self.method == "group_gpu":
+            return self.impl.proposing_rows
         return self.impl.drafting.stats.proposing_rows if self.method == "group" else self._proposed
 
     def verified(self, req_ids, drafts, outputs) -> None:
         if self.method == "group":
             self.impl.drafting.verified(req_ids, drafts, outputs)
+        elif self.method == "group_gpu":
+            self.impl.verified(req_ids, drafts, outputs)
 
     def step_took(self, seconds: float) -> None:
-        """The step that verified the last drafts took ``seconds`` (``group``'s budget learns from it)."""
+        """The step that verified the last drafts took ``seconds`` (the budgets learn from it)."""
         if self.method == "group":
             self.impl.drafting.step_took(seconds)
+        elif self.method == "group_gpu":
+            self.impl.step_took(seconds)
 
 
 @dataclass
@@ -230,7 +245,8 @@ def add_eval_drafter_parser(sub) -> None:
     p = sub.add_parser("eval-drafter", help="tokens per step of each drafter on your own multi-sample text")
     p.add_argument("--groups", required=True, help='JSONL, one prompt a line: {"prompt_id", "prompt", "responses"}')
     p.add_argument("--tokenizer", default="words", help="words (whitespace words) or a model folder")
-    p.add_argument("--drafter", default=",".join(DRAFTERS), help=f"comma-separated, of: {', '.join(DRAFTERS)}")
+    p.add_argument("--drafter", default=",".join(DRAFTERS),
+                   help=f"comma-separated, of: {', '.join(DRAFTERS + MODELED_DRAFTERS)} (group_gpu: does not ship)")
     p.add_argument("--history", type=int, default=0, help="responses per prompt finished before the rest start")
     p.add_argument("--wave", type=int, default=8, help="prompts decoding side by side")
     p.add_argument("--max-draft", type=int, default=8, help="draft tokens per row at most (speculative_tokens)")
@@ -242,9 +258,9 @@ def _cmd_eval_drafter(args) -> int:
     from verl_infsample.report import format_table
 
     methods = [m.strip() for m in args.drafter.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in DRAFTERS]
+    unknown = [m for m in methods if m not in DRAFTERS + MODELED_DRAFTERS]
     if unknown or not methods:
-        raise ValueError(f"--drafter {args.drafter!r}: choose from {', '.join(DRAFTERS)}")
+        raise ValueError(f"--drafter {args.drafter!r}: choose from {', '.join(DRAFTERS + MODELED_DRAFTERS)}")
     groups = load_groups(args.groups, make_tokenizer(args.tokenizer))
     results = [evaluate(groups, m, history=args.history, wave=args.wave, max_draft=args.max_draft)
                for m in methods]

@@ -48,7 +48,8 @@ def add_replay_parser(sub) -> None:
                         "rollout.name=infinite uses on vLLM) or ours (groups whole, by predicted work)")
     p.add_argument("--spec", action="append",
                    help=f"drafts, each backend run with each (repeat or comma-separate; {'|'.join(SPECS)}; default "
-                        "off): the product's drafters, verified against the trace's tokens")
+                        "off): the product's drafters, verified against the trace's tokens; group_gpu: a device-resident "
+                        "group drafter that does not ship (bench/group_match.py), with vLLM's async scheduling kept")
     p.add_argument("--spec-tokens", type=int, default=8, help="draft tokens per row at most (custom.speculative_tokens)")
     p.add_argument("--spec-accept", type=float,
                    help="synthetic drafts (a trace without tokens): each draft token accepted with this probability "

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bench.drafters import DRAFTERS, OfflineBatch, Proposer
+from ..bench.drafters import DRAFTERS, MODELED_DRAFTERS, OfflineBatch, Proposer
 
-SPECS = ("off", *DRAFTERS)
+SPECS = ("off", *DRAFTERS, *MODELED_DRAFTERS)
 PAST_LIMIT = 10_000  # responses a replica's drafter recalls: vLLM's suffix_decoding_max_cached_requests default
 
 
@@ -68,9 +68,12 @@ class DraftSetup:
         return self.method if self.accept is None or not self.on else f"{self.method}@{self.accept:g}"
 
     def speculative_config(self) -> dict | None:
+        """vLLM's config for the method; a modeled drafter gets ``ngram``'s (the scheduler reads only the tokens
+        a row may draft)."""
         from verl_infsample.integration.settings import InfiniteRolloutSettings
 
-        return InfiniteRolloutSettings(speculative=self.method, speculative_tokens=self.tokens).speculative_config()
+        method = "ngram" if self.method in MODELED_DRAFTERS else self.method
+        return InfiniteRolloutSettings(speculative=method, speculative_tokens=self.tokens).speculative_config()
 
 
 class ReplayDrafts:
@@ -88,7 +91,7 @@ class ReplayDrafts:
         if setup.accept is None:
             self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, token_s)
         else:  # nothing proposes here: the budget is told the proposer's modeled time a row
-            row_s = cost.calibration.propose_group_row_s if cost is not None else 0.0
+            row_s = cost.propose_seconds(setup.method, 0, 1) if cost is not None else 0.0
             self.proposer = SyntheticDrafter(setup, token_of, token_s, row_s)
 
     def recall(self, past: list[PastResponse]) -> None:
@@ -145,6 +148,14 @@ class ReplayDrafts:
     def drafting_s(self) -> float | None:
         return getattr(self.proposer, "drafting_s", None)
 
+    def pop_scanned_tokens(self) -> int:
+        """Token ids a device drafter's matching read since the last call (0: a host drafter, or synthetic)."""
+        impl = getattr(self.proposer, "impl", None)
+        scanned = getattr(impl, "scanned_tokens", 0)
+        if scanned:
+            impl.scanned_tokens = 0
+        return scanned
+
     def _mirror(self, scheduler, rows: list[tuple[str, list[int]]]) -> None:
         """The batch holds exactly ``rows``, in vLLM's way: rows that left are removed (the last moves into the
         freed place), new ones come with their tokens so far, staying ones append what they sampled."""
@@ -181,7 +192,7 @@ class SyntheticDrafter:
         self.setup = setup
         self.token_of = token_of
         self.budget = (DraftBudget(max_tokens=setup.tokens, cost=StepCost(token_s=token_s, row_s=row_s))
-                       if setup.method == "group" else None)
+                       if setup.method.startswith("group") else None)
         self.acceptance = AcceptanceRecord(setup.tokens)
         self.rng = np.random.default_rng(setup.seed)
         self.proposing_rows = 0

@@ -17,7 +17,10 @@ tokens and preemptions come from vLLM's own scheduler.
 
 The engine's host time (scheduling, bookkeeping, and with drafts the proposer) is charged as vLLM 0.32 runs it:
 with drafts off, async scheduling overlaps it with the GPU step (a step lasts the longer of the two); with
-``ngram``, ``suffix`` or a ``custom_class`` drafter vLLM turns async scheduling off, so it adds to the step.
+``ngram``, ``suffix`` or a ``custom_class`` drafter vLLM turns async scheduling off, so it adds to the step. A
+device-resident drafter (``group_gpu``, modeled: it does not ship) keeps the overlap, as ``ngram_gpu`` does, and adds
+its kernel's time to the GPU's: the larger of the reads it makes over the bandwidth and a published share of the step
+(:attr:`Calibration.device_draft_share`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 GIB = 1 << 30
+ASYNC_DRAFTERS = ("group_gpu",)  # drafters whose drafting runs on the device: vLLM keeps async scheduling
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,9 @@ class Calibration:
     upkeep_ngram_row_s: float = 0.0
     upkeep_suffix_row_s: float = 0.0
     upkeep_group_row_s: float = 1.2e-5
+    # a device drafter's kernel, at least this share of the step's GPU time (SpecDecode-Bench, arXiv 2601.11580:
+    # n-gram drafting is 0.59% of the verify time, H100, Llama-3.1-8B)
+    device_draft_share: float = 0.0059
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Calibration":
@@ -215,18 +222,28 @@ class StepCostModel:
         return self.calibration.host_step_s + self.calibration.host_row_s * rows
 
     def propose_seconds(self, drafter: str, called: int, drafting: int) -> float:
-        """``drafter``'s time (``ngram``, ``suffix`` or ``group``) called for ``called`` decoding rows, drafting
-        for ``drafting`` of them."""
+        """``drafter``'s host time (``ngram``, ``suffix`` or ``group``; none for a device drafter) called for
+        ``called`` decoding rows, drafting for ``drafting`` of them."""
+        if drafter in ASYNC_DRAFTERS:
+            return 0.0
         c = self.calibration
         return getattr(c, f"upkeep_{drafter}_row_s") * called + getattr(c, f"propose_{drafter}_row_s") * drafting
 
+    def device_draft_seconds(self, gpu_s: float, scanned_tokens: int) -> float:
+        """A device drafter's kernel in a step of GPU time ``gpu_s`` that read ``scanned_tokens`` token ids (int32)
+        of its sources: the reads over the bandwidth, at least the published share of the step."""
+        c = self.calibration
+        reads = 4 * scanned_tokens / (self.gpu.hbm_bytes_per_s * self.tp * c.bandwidth_efficiency)
+        return max(reads, c.device_draft_share * gpu_s)
+
     def step_seconds(self, gpu_s: float, rows: int, drafter: str | None = None, called: int = 0,
-                     drafting: int = 0) -> float:
-        """A whole engine step: its GPU time ``gpu_s`` (:meth:`seconds`) and its host time, overlapped (drafts off:
-        async scheduling) or added to it with the proposer's (``drafter``: vLLM schedules synchronously)."""
+                     drafting: int = 0, device_s: float = 0.0) -> float:
+        """A whole engine step: its GPU time ``gpu_s`` (:meth:`seconds`) and its host time, overlapped (drafts off,
+        or a device drafter whose kernel took ``device_s``: async scheduling) or added to it with the proposer's
+        (``drafter``: vLLM schedules synchronously)."""
         host = self.host_seconds(rows)
-        if drafter is None:
-            return max(gpu_s, host)
+        if drafter is None or drafter in ASYNC_DRAFTERS:
+            return max(gpu_s + device_s, host)
         return gpu_s + host + self.propose_seconds(drafter, called, drafting)
 
     def decode_run_seconds(self, contexts: np.ndarray, steps: int, kv_tokens_read: float | None = None,

@@ -39,7 +39,7 @@ import numpy as np
 
 from verl_infsample.integration.vllm_versions import scheduler_request_limit
 
-from .hardware import ModelShape, StepCostModel
+from .hardware import ASYNC_DRAFTERS, ModelShape, StepCostModel
 
 if TYPE_CHECKING:
     from verl_infsample.drafter.hints import SampleArrival
@@ -197,6 +197,7 @@ class ReplicaReplay:
         self.rests_held = rests_held
         self.drafts = drafts
         self._proposed_s = 0.0  # the drafter's modeled time after the last step (the next step's interval holds it)
+        self._device_s = 0.0  # a device drafter's kernel time in the last step
         self.scheduler = build_scheduler(model_dir, setup, drafts.speculative_config if drafts else None)
 
     def recall(self, past) -> None:
@@ -360,13 +361,17 @@ class ReplicaReplay:
                     finished += 1
         if self.drafts is not None and self.cost is not None and ids:
             # what the drafter's clock would read from its last proposal to this one: that proposal, this step
-            self.drafts.step_took(self._proposed_s + self.cost.step_seconds(gpu_s, len(ids), self.drafts.method))
+            self.drafts.step_took(self._proposed_s + self.cost.step_seconds(gpu_s, len(ids), self.drafts.method,
+                                                                            device_s=self._device_s))
         called, drafting = self.drafts.after_step(s, ids, sampled, spec) if self.drafts is not None else (0, 0)
         res.proposer_rows += called
         res.proposing_rows += drafting
         if self.cost is not None and ids:
             drafter = self.drafts.method if self.drafts is not None else None
-            res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, called, drafting)
+            if drafter is not None:  # a device drafter's kernel (none for the host's): drafts for the next step
+                self._device_s = self.cost.device_draft_seconds(gpu_s, self.drafts.pop_scanned_tokens()) \
+                    if drafter in ASYNC_DRAFTERS else 0.0
+            res.model_s += self.cost.step_seconds(gpu_s, len(ids), drafter, called, drafting, self._device_s)
             if drafter is None:
                 res.synchronous_s += self.cost.step_seconds(gpu_s, len(ids), "group", len(decoding), 0)
             if drafter is not None:
