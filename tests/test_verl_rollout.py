@@ -323,24 +323,24 @@ async def _serve_and_generate(cfg, prompts, n, *, session_ids: bool):
 @pytest.mark.timeout(600)
 def test_n32_through_verls_client_identical_at_two_slot_counts(ray_local, tiny_model_dir, tiny_prompts):
     prompts, _ = tiny_prompts
-    prompts = prompts[:3]
+    prompts = prompts[:2]
     results = {}
     # the learned predictor draws every first token before the plan (the lookahead), from the server's stream keys
     for slots, predictor in ((4, "history"), (24, "history"), (4, "learned")):
         cfg = compose(f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=48",
+                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.response_length=32",
                       "actor_rollout_ref.rollout.prompt_length=64", f"actor_rollout_ref.rollout.custom.slots={slots}",
                       "actor_rollout_ref.rollout.custom.threads=1",
                       f"actor_rollout_ref.rollout.custom.predictor={predictor}")
         groups, metrics = asyncio.run(_serve_and_generate(cfg, prompts, 32, session_ids=True))
-        assert [len(g) for g in groups] == [32, 32, 32]  # every request, exactly one TokenOutput
+        assert [len(g) for g in groups] == [32, 32]  # every request, exactly one TokenOutput
         for g in groups:
             for out in g:
-                assert out.stop_reason == "completed" and 1 <= len(out.token_ids) <= 48
+                assert out.stop_reason == "completed" and 1 <= len(out.token_ids) <= 32
                 assert len(out.log_probs) == len(out.token_ids)
-        assert metrics["infsample/samples"] == 96
+        assert metrics["infsample/samples"] == 64
         # a prompt pass per group and batch (under load a step's requests may arrive as two batches)
-        assert (metrics["infsample/lookahead_prefills"] >= 3) if predictor == "learned" else \
+        assert (metrics["infsample/lookahead_prefills"] >= 2) if predictor == "learned" else \
             metrics["infsample/lookahead_prefills"] == 0
         results[slots, predictor] = [[o.token_ids for o in g] for g in groups]
     assert results[4, "history"] == results[24, "history"] == results[4, "learned"]
