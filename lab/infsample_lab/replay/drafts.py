@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from verl_infsample.drafter.budget import StepCost
+
 from ..bench.drafters import DRAFTERS, MODELED_DRAFTERS, OfflineBatch, Proposer
 
 SPECS = ("off", *DRAFTERS, *MODELED_DRAFTERS)
@@ -88,10 +90,12 @@ class ReplayDrafts:
         self.batch = OfflineBatch(max_num_seqs, max_model_len + setup.tokens + 2)
         self.wall_s = 0.0  # measured here: the proposer's own calls
         token_s = cost.verify_token_seconds() if cost is not None else 0.0
+        row_s = cost.propose_seconds(setup.method, 0, 1) if cost is not None else 0.0
         if setup.accept is None:
             self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, token_s)
-        else:  # nothing proposes here: the budget is told the proposer's modeled time a row
-            row_s = cost.propose_seconds(setup.method, 0, 1) if cost is not None else 0.0
+            if setup.method == "group":  # the budget weighs the proposer's time the replay charges, not this host's
+                self.proposer.impl.drafting.budget.cost = ModeledStepCost(token_s=token_s, row_s=row_s)
+        else:
             self.proposer = SyntheticDrafter(setup, token_of, token_s, row_s)
 
     def recall(self, past: list[PastResponse]) -> None:
@@ -172,6 +176,14 @@ class ReplayDrafts:
                 self.batch.append(i, out)
 
 
+class ModeledStepCost(StepCost):
+    """A step's cost as the replay charges it: the proposer's time a row is the cost model's, whatever the
+    proposer took on this machine."""
+
+    def proposed(self, seconds: float, drafting: int) -> None:
+        pass
+
+
 class _Hinted:
     """A request as the drafter reads its server's hints (``extra_args``)."""
 
@@ -187,11 +199,11 @@ class SyntheticDrafter:
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
     def __init__(self, setup: DraftSetup, token_of, token_s: float = 0.0, row_s: float = 0.0):
-        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget, StepCost
+        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget
 
         self.setup = setup
         self.token_of = token_of
-        self.budget = (DraftBudget(max_tokens=setup.tokens, cost=StepCost(token_s=token_s, row_s=row_s))
+        self.budget = (DraftBudget(max_tokens=setup.tokens, cost=ModeledStepCost(token_s=token_s, row_s=row_s))
                        if setup.method.startswith("group") else None)
         self.acceptance = AcceptanceRecord(setup.tokens)
         self.rng = np.random.default_rng(setup.seed)
