@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from infsample_lab.bench.drafters import OfflineBatch, evaluate
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
-from verl_infsample.drafter.budget import DepthAcceptance, DraftBudget, RowAcceptance, StepCost
+from verl_infsample.drafter.budget import (STEPS_BEFORE_PRICING, DepthAcceptance, DraftBudget, RowAcceptance,
+                                          StepCost)
 from verl_infsample.drafter import GroupDrafter
 from verl_infsample.drafter.drafting import Drafting
 from verl_infsample.drafter.hints import GROUP_ARG, PREDICTED_ARG, RowHints
@@ -95,9 +96,10 @@ def _depth(after_first: float, tokens: int = 8, verdicts: int = 4000) -> DepthAc
 
 
 def _budget(fixed_s: float, token_s: float, row_s: float = 0.0, retry_every: int = 10**9) -> DraftBudget:
-    """A budget that has seen a step whose fixed part took ``fixed_s``."""
+    """A budget that has seen steps whose fixed part took ``fixed_s``."""
     cost = StepCost(token_s=token_s, row_s=row_s)
-    cost.step_took(fixed_s, 0, 0)
+    for _ in range(STEPS_BEFORE_PRICING):
+        cost.step_took(fixed_s, 0, 0)
     return DraftBudget(max_tokens=8, cost=cost, retry_every=retry_every)
 
 
@@ -133,6 +135,10 @@ def test_the_budget_drafts_long_in_a_thin_tail_and_only_likely_tokens_where_draf
 def test_the_step_cost_learns_the_fixed_part_and_the_proposers_time_from_what_steps_took():
     cost = StepCost(token_s=20e-6)
     assert cost.fixed_s is None and cost.seconds(100, 0) > 1e6  # unknown: drafts cost nothing beside it
+    for _ in range(STEPS_BEFORE_PRICING - 1):
+        cost.step_took(1e-6, 300, 0)  # steps that took no time (a stand-in runner): not trusted yet
+    assert cost.fixed_s is None and cost.steps_timed == STEPS_BEFORE_PRICING - 1
+    cost = StepCost(token_s=20e-6)
     for _ in range(10):
         cost.step_took(15e-3 + 20e-6 * 300, 300, 0)
     cost.step_took(30.0, 300, 0)  # the engine idled between two rollout steps: one outlier, the median holds
@@ -143,6 +149,11 @@ def test_the_step_cost_learns_the_fixed_part_and_the_proposers_time_from_what_st
     cost.proposed(2.4e-3, 100)
     assert 24e-6 < cost.row_s < 48e-6
     assert cost.seconds(400, 100) == pytest.approx(cost.fixed_s + 400 * 20e-6 + 100 * cost.row_s)
+    free = StepCost()
+    for _ in range(STEPS_BEFORE_PRICING):
+        free.step_took(0.0, 10, 0)
+    assert free.seconds(10, 0) > 0  # a step timed at nothing never divides by zero
+    assert DraftBudget(max_tokens=4, cost=free).plan(_rows(0.9, 0.9)) == [4, 4]
 
 
 def test_the_budgets_token_price_is_the_step_models_within_a_tenth():
@@ -643,5 +654,5 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
     s = drafter.drafting.stats
     assert (s.drafted, s.accepted) == (8, 6)
     cost = drafter.drafting.budget.cost  # a verified token priced by the model's 110 parameters; steps timed
-    assert cost.token_s == pytest.approx(110 * VERIFY_S_PER_PARAM) and cost.fixed_s is not None and cost.row_s > 0
+    assert cost.token_s == pytest.approx(110 * VERIFY_S_PER_PARAM) and cost.steps_timed == 2 and cost.row_s > 0
     assert s.law.tested == 3 + 4 and s.law.accepted == 6 and s.law.expected == pytest.approx(7 / vocab)

@@ -31,6 +31,8 @@ DEPTH_MEMORY = 0.998  # weight of the past in the batch's counts by position (pe
 # docs/step_model.md): 20 us a token for Llama-3.1-8B. On other GPUs it scales with their peak.
 VERIFY_S_PER_PARAM = 2 / (989e12 * 0.75)
 STEPS_REMEMBERED = 16  # steps whose seconds give the fixed part (their median: an idle gap between steps is an outlier)
+STEPS_BEFORE_PRICING = 4  # wall-clock steps timed before the fixed part is trusted (the first hold warm-up; a
+# stand-in runner's take no time): until then drafts cost nothing
 
 
 @dataclass
@@ -123,19 +125,26 @@ class StepCost:
     every decoding row's sampled token and its draft tokens; drafting: the rows that proposed). ``token_s`` is given
     (:data:`VERIFY_S_PER_PARAM` times the model's parameters); ``row_s`` and ``fixed_s`` are learnt from the proposer's
     own time (:meth:`proposed`) and the steps' seconds (:meth:`step_took`), wall-clock in a run, modeled in the
-    replay. Until a step's seconds are known the fixed part is taken as large: drafts cost nothing."""
+    replay. Until ``trusted_after`` steps are timed the fixed part is taken as large: drafts cost nothing (modeled
+    seconds are exact from the first step)."""
 
     token_s: float = 0.0
     row_s: float = 0.0
+    trusted_after: int = STEPS_BEFORE_PRICING
     _fixed: deque = field(default_factory=lambda: deque(maxlen=STEPS_REMEMBERED), repr=False)
 
     @property
+    def steps_timed(self) -> int:
+        return len(self._fixed)
+
+    @property
     def fixed_s(self) -> float | None:
-        return statistics.median(self._fixed) if self._fixed else None
+        return statistics.median(self._fixed) if len(self._fixed) >= max(1, self.trusted_after) else None
 
     def seconds(self, verified: float, drafting: float) -> float:
         fixed = self.fixed_s
-        return (fixed if fixed is not None else 1e9) + self.token_s * verified + self.row_s * drafting
+        seconds = (fixed if fixed is not None else 1e9) + self.token_s * verified + self.row_s * drafting
+        return max(seconds, 1e-12)  # a step the clock saw take no time still takes some
 
     def step_took(self, seconds: float, verified: int, drafting: int) -> None:
         """A step that verified ``verified`` tokens, ``drafting`` rows having proposed, took ``seconds``."""

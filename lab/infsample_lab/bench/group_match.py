@@ -65,7 +65,7 @@ class GroupMatchDrafter:
 
     def __init__(self, k: int, token_s: float = 0.0):
         self.k = k
-        self.budget = DraftBudget(max_tokens=k, cost=StepCost(token_s=token_s))
+        self.budget = DraftBudget(max_tokens=k, cost=StepCost(token_s=token_s, trusted_after=1))  # modeled seconds
         self.acceptance = AcceptanceRecord(k)
         self.rows: dict[str, tuple[str, int]] = {}  # request id -> (group, response start)
         self.answers: dict[str, deque] = {}  # group -> its last finished answers

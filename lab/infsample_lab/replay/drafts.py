@@ -176,9 +176,12 @@ class ReplayDrafts:
                 self.batch.append(i, out)
 
 
+@dataclass
 class ModeledStepCost(StepCost):
     """A step's cost as the replay charges it: the proposer's time a row is the cost model's, whatever the
-    proposer took on this machine."""
+    proposer took on this machine; the modeled seconds are trusted from the first step."""
+
+    trusted_after: int = 1
 
     def proposed(self, seconds: float, drafting: int) -> None:
         pass
