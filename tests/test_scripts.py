@@ -116,6 +116,24 @@ def test_the_gpu_check_dry_run_passes_and_the_replay_steps_as_the_real_engine_do
         assert sum(b["steps"] for b in rollout["backends"][name]["bands"]) == real["engine_steps"] > 0
     assert rollout["backends"]["vllm"]["real"]["preemptions"] > 0  # the trace outgrows the pool under verl's order
     assert "real_vs_modeled" in proc.stderr  # the table
+    # its real decode steps load into the step model's points file: refused from a dry run (the CPU's seconds); a
+    # GPU's report (this one, its dry-run mark taken off) adds a source and a point per backend and band
+    from infsample_lab.replay import calibration
+
+    points_file = tmp_path / "points.json"
+    points_file.write_text(calibration.POINTS_FILE.read_text())
+    with pytest.raises(SystemExit):
+        calibration.main(["--add-gpu-check", str(out), "--points", str(points_file)])
+    assert points_file.read_text() == calibration.POINTS_FILE.read_text()
+    (tmp_path / "gpu.json").write_text(json.dumps({**report, "dry_run": False}))
+    assert calibration.main(["--add-gpu-check", str(tmp_path / "gpu.json"), "--points", str(points_file)]) == 0
+    sources, points = calibration.published_points(points_file)
+    key = f"gpu-check-{report['date']}-h100"
+    added = [p for p in points if p.source == key]
+    decode = [b for backend in rollout["backends"].values() for b in backend["decode_points"]]
+    assert key in sources and len(added) == len(decode) > 0 and len(points) == len(added) + len(
+        calibration.published_points()[1])
+    assert [p.seconds for p in added] == [b["seconds"] for b in decode] and all(p.kind == "step" for p in added)
 
 
 def test_the_gpu_check_refuses_an_unknown_part_by_name(capsys):

@@ -111,6 +111,22 @@ def step_table(stats, cost) -> tuple[list[dict], dict]:
     return table, fit
 
 
+def decode_points(stats) -> list[dict]:
+    """Per band of rows a step, its real decode steps (every row one new token: no prefill in them): their number,
+    mean rows, mean context a row and mean seconds, the step points ``replay.calibration --add-gpu-check`` loads."""
+    by_band: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
+    for sched, wall in zip(stats.scheduled, stats.step_wall_s):  # as step_table pairs them
+        if not sched.new_tokens or any(t != 1 for t in sched.new_tokens):
+            continue
+        rows = len(sched.new_tokens)
+        band = next(b for b in BANDS if b[0] <= rows <= b[1])
+        by_band.setdefault(band, []).append((rows, float(np.mean(sched.contexts)), wall))
+    return [{"band_rows": band_of(lo), "steps": len(steps), "rows": round(float(np.mean([s[0] for s in steps])), 2),
+             "context": round(float(np.mean([s[1] for s in steps])), 1),
+             "seconds": round(float(np.mean([s[2] for s in steps])), 7)}
+            for (lo, _), steps in sorted(by_band.items())]
+
+
 def run(a: argparse.Namespace, say=print) -> dict:
     """The part's report (see the module docstring). ``say``: progress lines."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -160,7 +176,7 @@ def run(a: argparse.Namespace, say=print) -> dict:
     say(f"rollout: replay of the trace in {time.perf_counter() - t0:.0f} s")
     modeled = {r.backend: r for r in rows if r.step == 1}
     cost = StepCostModel(GPUS[a.gpu], shape, 1, config.calibration)
-    report: dict = {"model": c.model, "weights": "random (load_format=dummy)", "dtype": dtype,
+    report: dict = {"gpu": a.gpu, "model": c.model, "weights": "random (load_format=dummy)", "dtype": dtype,
                     "trace": {"prompts": c.prompts, "n": c.n, "max_len": c.max_len, "median": c.median,
                               "generator": "synth_rl_trace, step 1 (step 0 taught the history predictor)"},
                     "kv_blocks": kv_blocks, "block_size": block_size, "max_num_seqs": max_num_seqs,
@@ -187,7 +203,7 @@ def run(a: argparse.Namespace, say=print) -> dict:
                        "computed_tokens": m.computed_tokens, "seconds": "modeled"},
             "steps_real_vs_replay": round(stats.engine_steps / max(1, m.engine_steps), 4),
             "seconds_real_vs_modeled": round(wall / m.model_s, 4) if m.model_s else None,
-            "bands": bands, "fit": fit}
+            "bands": bands, "fit": fit, "decode_points": decode_points(stats)}
         say(f"rollout: {name}: {wall:.1f} s real, {stats.engine_steps} steps (replay {m.engine_steps} steps, "
             f"{m.model_s:.1f} s modeled)")
         del current

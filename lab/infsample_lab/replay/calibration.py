@@ -3,7 +3,9 @@ charges for each, and the fit of :class:`~infsample_lab.replay.hardware.Calibrat
 
 ``python -m infsample_lab.replay.calibration`` prints the table of ``docs/step_model.md`` (model against each
 point, and their ratio) and the fit; ``--calibration FILE`` prints it for a calibration file's values instead of
-the defaults. ``tests/test_replay.py`` holds the model within 15% of every point through :func:`table`.
+the defaults. ``--add-gpu-check REPORT`` loads a GPU check's real decode steps (``scripts/gpu_check.sh --out
+REPORT`` on one GPU) into the points file, beside the published ones, as a source of their own.
+``tests/test_replay.py`` holds the model within 15% of every point through :func:`table`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +59,47 @@ def published_points(path: str | Path = POINTS_FILE) -> tuple[dict, list[Publish
         if p.kind not in ("step", "end_to_end") or not p.seconds > 0:
             raise ValueError(f"{path}: point {p}: kind must be step or end_to_end, seconds > 0")
     return raw["sources"], points
+
+
+def gpu_check_points(report: dict) -> tuple[str, dict, list[PublishedPoint]]:
+    """A GPU check's report (``scripts/gpu_check.sh --out``) as a source and its step points: per backend and band
+    of rows, the mean of the rollout part's real decode steps (every row one token, drafts off). Refuses a dry run
+    (its seconds are the CPU's) and a report without a rollout part that ran."""
+    if report.get("dry_run"):
+        raise ValueError("--add-gpu-check: the report is a dry run's (its seconds are this CPU's): run "
+                         "scripts/gpu_check.sh --out REPORT on the GPU")
+    rollout = report.get("parts", {}).get("rollout", {})
+    if not rollout.get("ok") or "gpu" not in rollout:
+        raise ValueError("--add-gpu-check: the report has no rollout part that ran: scripts/gpu_check.sh "
+                         "--parts rollout --out REPORT")
+    key = f"gpu-check-{report['date']}-{rollout['gpu']}"
+    source = {"title": f"this project's GPU check on {report['device']}", "date": report["date"],
+              "command": report["command"],
+              "figure": f"vLLM's engine steps of {rollout['model']}'s shape ({rollout['weights']}, "
+                        f"{rollout['dtype']}), rollout.name=vllm and infinite on one trace",
+              "evaluated": "a measurement: per backend and band of rows, the mean of its decode steps' wall time",
+              "measured": "one engine step in which every row decodes one token, drafts off (context: the mean "
+                          "tokens a row has cached)"}
+    points = [PublishedPoint(source=key, gpu=rollout["gpu"], model=rollout["model"], kind="step",
+                             rows=max(1, round(p["rows"])), drafts="off", seconds=p["seconds"],
+                             context=round(p["context"]))
+              for backend in rollout["backends"].values() for p in backend.get("decode_points", [])]
+    if not points:
+        raise ValueError("--add-gpu-check: the report's rollout part holds no decode steps (decode_points)")
+    return key, source, points
+
+
+def add_points(path: str | Path, key: str, source: dict, points: list[PublishedPoint]) -> None:
+    """Write ``source`` under ``key`` and ``points`` into the points file ``path`` (those of an earlier ``key``
+    replaced), one point a line as the file keeps them."""
+    raw = json.loads(Path(path).read_text())
+    raw["sources"][key] = source
+    steps = [{k: v for k, v in asdict(p).items() if k not in ("prompt_tokens", "output_tokens")} for p in points]
+    raw["points"] = [p for p in raw["points"] if p["source"] != key] + steps
+    head = json.dumps({"what": raw["what"], "sources": raw["sources"]}, indent=1)[:-2]  # its closing brace off
+    lines = ",\n".join("  " + json.dumps(p) for p in raw["points"])
+    Path(path).write_text(f'{head},\n "points": [\n{lines}\n ]\n}}\n')
+    published_points(path)  # what was written reads back
 
 
 def modeled_seconds(point: PublishedPoint, calibration: Calibration = Calibration()) -> float:
@@ -130,13 +173,23 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infsample_lab.replay.calibration", description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", help="a JSON file of Calibration fields (default: the defaults)")
+    ap.add_argument("--add-gpu-check", metavar="REPORT",
+                    help="load a GPU check's real decode steps (scripts/gpu_check.sh --out REPORT) into --points")
+    ap.add_argument("--points", default=str(POINTS_FILE), help="the points file (default: the published points)")
     a = ap.parse_args(argv)
+    if a.add_gpu_check:
+        try:
+            key, source, points = gpu_check_points(json.loads(Path(a.add_gpu_check).read_text()))
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(str(e) if isinstance(e, ValueError) else f"--add-gpu-check {a.add_gpu_check}: {e!r}")
+        add_points(a.points, key, source, points)
+        print(f"{a.points}: {len(points)} points of {key}")
     calibration = Calibration.from_file(a.calibration) if a.calibration else Calibration()
-    rows = table(calibration)
+    rows = table(calibration, published_points(a.points)[1])
     print(markdown(rows))
     worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
     print(f"\nworst: {worst['ratio']:.3f} ({worst['source']}, {worst['setting']}, drafts {worst['drafts']})")
-    fitted = fit(base=calibration)
+    fitted = fit(published_points(a.points)[1], base=calibration)
     print("fit to the points: " + ", ".join(f"{k}={getattr(fitted, k):.4g}" for k in FITTED))
     return 0
 
