@@ -20,7 +20,7 @@ from verl_infsample.drafter.drafting import Drafting
 from verl_infsample.drafter.hints import GROUP_ARG, PREDICTED_ARG, RowHints
 from verl_infsample.drafter.law_guard import LawTally, target_probabilities
 from verl_infsample.drafter.source_choice import Draft, SourceChoice
-from verl_infsample.drafter.trees import DraftTrees
+from verl_infsample.drafter.trees import TREE_BYTES_PER_TOKEN, DraftTrees
 
 
 def test_a_finished_sibling_drafts_the_rest_and_other_groups_draw_on_the_run():
@@ -37,6 +37,24 @@ def test_a_finished_sibling_drafts_the_rest_and_other_groups_draw_on_the_run():
     trees.extend("c", answer[:10])
     assert trees.propose("c", [7, 7, *answer[:10]], 8).source == "run"
     assert trees.propose("b", [1], 0).token_ids == []
+
+
+def test_a_row_drafts_from_its_prompt_in_its_groups_tree_while_a_request_with_that_prompt_runs():
+    """The prompt is in its group's tree once, however many of its requests run, and leaves with the last of them;
+    a draft as long as asked from the group's tree is taken without the run's."""
+    trees = DraftTrees()
+    prompt = [5, 6, 7, 8, 9, 10]
+    for rid in ("a", "b"):
+        trees.start(rid, "g", prompt)
+    trees.extend("a", [5, 6])
+    draft = trees.propose("a", [*prompt, 5, 6], 4)
+    assert draft.token_ids == [7, 8, 9, 10] and draft.source == "group"
+    assert trees.groups["g"].tree.num_seqs() == 2 and trees.group_memory() == TREE_BYTES_PER_TOKEN * 8  # "b": none
+    assert "a" not in trees.choice._offered  # unopposed: no parting to learn from
+    trees.stop("a")
+    assert trees.groups["g"].tree.num_seqs() == 2  # "b" runs with the prompt: it stays
+    trees.stop("b")
+    assert trees.groups["g"].tree.num_seqs() == 1 and trees.group_memory() == TREE_BYTES_PER_TOKEN * 2  # "a"'s answer
 
 
 def test_group_trees_stay_within_their_memory_and_keep_running_groups():
@@ -61,8 +79,6 @@ def test_group_trees_stay_within_their_memory_and_keep_running_groups():
 def test_all_trees_together_stay_within_their_bytes_with_long_answers():
     """4,000-token answers, many prompts: the run's tree and the group trees together never pass ``memory_bytes``
     (counted at TREE_BYTES_PER_TOKEN), the run's tree at most half of it; the newest answers stay draft sources."""
-    from verl_infsample.drafter.trees import TREE_BYTES_PER_TOKEN
-
     budget = 16 << 20  # 65,536 tokens' worth
     trees = DraftTrees(memory_bytes=budget)
     rng = np.random.default_rng(0)
@@ -75,7 +91,7 @@ def test_all_trees_together_stay_within_their_bytes_with_long_answers():
         trees.stop(i)
         assert trees.memory() <= budget and trees.run_memory() <= budget // 2
     assert peak <= budget + 2 * TREE_BYTES_PER_TOKEN * 4300  # the running answer (both trees) until it stops
-    assert len(trees.run.cached_requests) == len(trees._run_cached) < 48  # what is counted is what the tree holds
+    assert trees.run.num_seqs() == trees.run_answers() < 48  # what is counted is what the tree holds
     trees.start("next", "p11", [1])
     trees.extend("next", answer[:30])
     assert trees.propose("next", [1, *answer[:30]], 8).token_ids == answer[30:38].tolist()  # the newest answer
@@ -192,32 +208,37 @@ def test_the_budgets_plan_is_the_best_draft_lengths_by_brute_force(rates, depth,
 
 def test_a_row_takes_the_draft_that_goes_on_else_the_one_that_won_its_partings_else_the_better_scored():
     choice = SourceChoice()
+
+    def choose(req_id, group: Draft, run: Draft) -> str:
+        """The source the row takes."""
+        return choice.choose(req_id, group.token_ids, group.score, run.token_ids, run.score).source
+
     group, run = Draft([1, 2, 3, 4], 1.0, "group"), Draft([1, 2], 3.0, "run")
-    assert choice.choose("a", group, run) is group  # the run's draft stops where the group's goes on
-    assert choice.choose("a", Draft([1, 2], 1.0, "group"), run) is run  # the same draft: vLLM's
+    assert choose("a", group, run) == "group"  # the run's draft stops where the group's goes on
+    assert choose("a", Draft([1, 2], 1.0, "group"), run) == "run"  # the same draft: vLLM's
     group, run = Draft([1, 2, 7], 1.0, "group"), Draft([1, 5], 2.0, "run")
-    assert choice.choose("a", group, run) is run  # they part: the better-scored, with no partings won yet
+    assert choose("a", group, run) == "run"  # they part: the better-scored, with no partings won yet
     for _ in range(3):  # each wins a parting in turn (the step's output: accepted tokens, one sampled, placeholders)
-        choice.choose("a", group, run)
+        choose("a", group, run)
         choice.verified("a", [1, 5, 9, -1])  # the run's draft would have been accepted further
-        choice.choose("a", group, run)
+        choose("a", group, run)
         choice.verified("a", [1, 2, 7, -1])  # the group's
-    assert choice.choose("a", group, run) is run  # neither ahead by the margin: the scores decide
+    assert choose("a", group, run) == "run"  # neither ahead by the margin: the scores decide
     for _ in range(3):
-        choice.choose("a", group, run)
+        choose("a", group, run)
         choice.verified("a", [1, 2, 7, 8])
-    assert choice.choose("a", group, run) is group  # three more won by the group's: they overrule the scores
-    assert choice.choose("b", group, run) is run  # each row its own
+    assert choose("a", group, run) == "group"  # three more won by the group's: they overrule the scores
+    assert choose("b", group, run) == "run"  # each row its own
     for _ in range(40):
-        choice.choose("a", group, run)
+        choose("a", group, run)
         choice.verified("a", [1, 5, 9, -1])
-    assert choice.choose("a", group, run) is run
+    assert choose("a", group, run) == "run"
     for _ in range(12):  # old wins fade
-        choice.choose("a", group, run)
+        choose("a", group, run)
         choice.verified("a", [1, 2, 7, 8])
-    assert choice.choose("a", group, run) is group
+    assert choose("a", group, run) == "group"
     choice.forget("a")  # the request left: its record goes
-    assert choice.choose("a", group, run) is run
+    assert choose("a", group, run) == "run"
 
 
 def test_the_law_check_is_quiet_where_acceptance_follows_the_target_and_alarms_where_it_does_not():
@@ -287,13 +308,13 @@ def test_the_drafter_groups_rows_by_prompt_or_by_the_servers_word_and_learns_fro
     assert drafts == [answer[3:7]]  # same prompt: its group
     drafter.verified(["b"], drafts, [answer[3:6] + [99, -1]])
     assert drafter.stats.drafted == 4 and drafter.stats.accepted == 3
-    depth = drafter.acceptance.depth  # by position: accepted, and tested (up to and including the first rejection)
+    depth = drafter.planner.acceptance.depth  # by position: accepted, and tested (up to and including the first rejection)
     assert depth.accepted.tolist() == [1, 1, 1, 0] and depth.tested.tolist() == [1, 1, 1, 1]
-    assert drafter.acceptance.rows["b"].rate > 0.5
+    assert drafter.planner.acceptance.rows["b"].rate > 0.5
     # the server names the group: rows of different prompts draft from each other's answers
     solo.propose_batch(_batch([("x", [9], answer)]), [answer[-1:]], {"x": _told(group="g")})
     solo.propose_batch(_batch([]), [])
-    solo.trees.run.evict_cached_response("x")  # only the group's tree knows the answer now
+    solo.trees._drop_run_answer("x")  # only the group's tree knows the answer now
     assert solo.propose_batch(_batch([("y", [8], answer[:2])]), [answer[1:2]],
                               {"y": _told(group="g")}) == [answer[2:6]]
     assert solo.stats.from_group == 1 and solo.pop_stats().proposing_rows == 2 and solo.stats.rows == 0
@@ -428,8 +449,8 @@ def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_e
     stored as finished; back in the batch it goes on in the same sequence. A row that did not draft hands its
     tokens to the trees in runs; when it ends, its last tokens (less than a run) reach them too."""
     drafter = Drafting(4, 64)
-    budget = drafter.budget
-    drafter.budget = _budget(1e-3, 0.0, row_s=1.0)  # a proposer far slower than a step: no row drafts
+    budget = drafter.planner.budget
+    drafter.planner.budget = _budget(1e-3, 0.0, row_s=1.0)  # a proposer far slower than a step: no row drafts
     answer = list(range(50, 61))  # 11 tokens: one run of 8, and 3 left over
     preempted = {"a": _told(group="g")}
     drafter.propose_batch(_batch([("a", [1, 2], answer[:4])]), [answer[3:4]], preempted)
@@ -439,7 +460,8 @@ def test_a_row_that_leaves_and_comes_back_keeps_its_answer_once_and_a_row_that_e
     drafter.propose_batch(_batch([]), [], {})  # finished: gone from vLLM's requests
     group = drafter.trees.groups["g"]
     assert len(group.finished) == 1 and group.total == len(answer)  # stored once, every token of it
-    drafter.budget = budget
+    assert drafter.trees.run_memory() == TREE_BYTES_PER_TOKEN * len(answer)  # in the run's tree too
+    drafter.planner.budget = budget
     sibling = {"b": _told(group="g")}
     drafts = drafter.propose_batch(_batch([("b", [1, 2], answer[:6])]), [answer[5:6]], sibling)
     assert drafts == [answer[6:10]]  # the answer's end, which came after its last run of 8
@@ -653,6 +675,6 @@ def test_the_vllm_adapter_reads_a_steps_rows_and_the_samplers_verdicts_and_law_i
     drafter.propose([[99], answer[7:8]])
     s = drafter.drafting.stats
     assert (s.drafted, s.accepted) == (8, 6)
-    cost = drafter.drafting.budget.cost  # a verified token priced by the model's 110 parameters; steps timed
+    cost = drafter.drafting.planner.cost  # a verified token priced by the model's 110 parameters; steps timed
     assert cost.token_s == pytest.approx(110 * VERIFY_S_PER_PARAM) and cost.steps_timed == 2 and cost.row_s > 0
     assert s.law.tested == 3 + 4 and s.law.accepted == 6 and s.law.expected == pytest.approx(7 / vocab)

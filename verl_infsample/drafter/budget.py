@@ -33,6 +33,7 @@ VERIFY_S_PER_PARAM = 2 / (989e12 * 0.75)
 STEPS_REMEMBERED = 16  # steps whose seconds give the fixed part (their median: an idle gap between steps is an outlier)
 STEPS_BEFORE_PRICING = 4  # wall-clock steps timed before the fixed part is trusted (the first hold warm-up; a
 # stand-in runner's take no time): until then drafts cost nothing
+PROPOSER_MEMORY = 0.7  # weight of the past in the proposer's running time a row (per step that proposed)
 
 
 @dataclass
@@ -83,7 +84,9 @@ class DepthAcceptance:
 def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
     """Draft tokens the rejection sampler kept: the leading ones equal to the row's output tokens."""
     accepted = 0
-    while accepted < min(len(draft), len(output)) and int(output[accepted]) == draft[accepted]:
+    for drafted, sampled in zip(draft, output):
+        if drafted != sampled:
+            break
         accepted += 1
     return accepted
 
@@ -132,6 +135,7 @@ class StepCost:
     row_s: float = 0.0
     trusted_after: int = STEPS_BEFORE_PRICING
     _fixed: deque = field(default_factory=lambda: deque(maxlen=STEPS_REMEMBERED), repr=False)
+    _fixed_s: float | None = field(default=None, repr=False)  # their median, once trusted
 
     @property
     def steps_timed(self) -> int:
@@ -139,22 +143,29 @@ class StepCost:
 
     @property
     def fixed_s(self) -> float | None:
-        return statistics.median(self._fixed) if len(self._fixed) >= max(1, self.trusted_after) else None
+        return self._fixed_s
+
+    @property
+    def free(self) -> bool:
+        """Whether a draft token costs nothing yet (the fixed part untrusted, or nothing else priced)."""
+        return self._fixed_s is None or (self.token_s == 0 and self.row_s == 0)
 
     def seconds(self, verified: float, drafting: float) -> float:
-        fixed = self.fixed_s
-        seconds = (fixed if fixed is not None else 1e9) + self.token_s * verified + self.row_s * drafting
-        return max(seconds, 1e-12)  # a step the clock saw take no time still takes some
+        fixed = self._fixed_s if self._fixed_s is not None else 1e9
+        # a step the clock saw take no time still takes some
+        return max(fixed + self.token_s * verified + self.row_s * drafting, 1e-12)
 
     def step_took(self, seconds: float, verified: int, drafting: int) -> None:
         """A step that verified ``verified`` tokens, ``drafting`` rows having proposed, took ``seconds``."""
         self._fixed.append(max(0.0, seconds - self.token_s * verified - self.row_s * drafting))
+        if len(self._fixed) >= max(1, self.trusted_after):
+            self._fixed_s = statistics.median(self._fixed)
 
     def proposed(self, seconds: float, drafting: int) -> None:
         """The proposer spent ``seconds`` drafting for ``drafting`` rows (a running mean a row)."""
         if drafting > 0:
             per_row = seconds / drafting
-            self.row_s = per_row if self.row_s == 0 else ACCEPTANCE_MEMORY * self.row_s + (1 - ACCEPTANCE_MEMORY) * per_row
+            self.row_s = per_row if self.row_s == 0 else PROPOSER_MEMORY * self.row_s + (1 - PROPOSER_MEMORY) * per_row
 
 
 @dataclass
@@ -180,7 +191,8 @@ class DraftBudget:
             return []
         caps = np.minimum(self.max_tokens, np.maximum(0, np.asarray(caps if caps is not None else
                                                                     [self.max_tokens] * n, dtype=np.int64)))
-        k = self._best(np.array([r.rate for r in rows]), caps, depth or DepthAcceptance(self.max_tokens))
+        k = caps if self.cost.free else self._best(np.array([r.rate for r in rows]), caps,
+                                                       depth or DepthAcceptance(self.max_tokens))
         out = []
         for row, ki, cap in zip(rows, k.tolist(), caps.tolist()):
             if ki == 0 and cap > 0:
@@ -213,3 +225,34 @@ class DraftBudget:
                 break
             best, rate = k, better
         return best
+
+
+class DraftPlanner:
+    """A drafter's budget and what it learns from: how many tokens each row drafts this step (:meth:`plan`), the
+    rejection sampler's verdicts (:meth:`verified`), what a step took (:meth:`step_took`). ``cost``: what a step
+    costs (None: drafts cost nothing until steps are timed and tokens priced)."""
+
+    def __init__(self, max_tokens: int, cost: StepCost | None = None):
+        self.budget = DraftBudget(max_tokens=max_tokens, cost=cost if cost is not None else StepCost())
+        self.acceptance = AcceptanceRecord(max_tokens)
+
+    @property
+    def cost(self) -> StepCost:
+        return self.budget.cost
+
+    def plan(self, req_ids: Sequence[Hashable], caps: list[int]) -> list[int]:
+        """Draft tokens for each of a step's decoding rows ``req_ids`` (0: do not propose), ``caps[i]`` at most."""
+        return self.budget.plan([self.acceptance.row(r) for r in req_ids], caps, self.acceptance.depth)
+
+    def verified(self, req_ids: Sequence[Hashable], drafts: Sequence[Sequence[int]],
+                 outputs: Sequence[Sequence[int]]) -> list[int]:
+        """A step's verdicts (:meth:`AcceptanceRecord.verified`): the draft tokens each row had accepted."""
+        return self.acceptance.verified(req_ids, drafts, outputs)
+
+    def step_took(self, seconds: float) -> None:
+        """The step that verified the last plan's drafts took ``seconds``, its proposing included."""
+        self.budget.step_took(seconds)
+
+    def forget(self, req_id: Hashable) -> None:
+        """``req_id`` left (or starts afresh under the same id)."""
+        self.acceptance.forget(req_id)

@@ -18,7 +18,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .budget import AcceptanceRecord, DraftBudget, StepCost
+from .budget import DraftPlanner
 from .hints import NO_HINTS, RowHints
 from .law_guard import LawTally
 from .trees import MAX_TREE_DEPTH, DraftTrees
@@ -58,18 +58,18 @@ class DrafterStats:
 class _Row:
     response_start: int  # the row's tokens before its response (its sample's first prompt)
     predicted: int | None  # its predicted response length
-    synced: int  # its tokens the trees hold (prompt and response so far)
-    unsynced: np.ndarray | None = None  # its tokens past ``synced``, kept for the trees while it does not draft
+    synced: int  # its tokens its group's tree holds (prompt and response so far)
+    run_synced: int  # its tokens up to which the run's tree holds its response (the prompt is not in it)
+    unsynced: np.ndarray | None = None  # its tokens past the lower of the two, kept for the trees when it ends
 
 
 class Drafting:
-    """``k``: most tokens a row drafts; ``max_model_len``: a row drafts no further than its room in the model;
-    ``token_s``: a verified token's seconds (``budget.StepCost``)."""
+    """``k``: most tokens a row drafts; ``max_model_len``: a row drafts no further than its room in the model. What
+    a step costs is ``planner.cost`` (``budget.StepCost``: its adapter prices a verified token)."""
 
-    def __init__(self, k: int, max_model_len: int, token_s: float = 0.0):
+    def __init__(self, k: int, max_model_len: int):
         self.k, self.max_model_len = k, max_model_len
-        self.budget = DraftBudget(max_tokens=k, cost=StepCost(token_s=token_s))
-        self.acceptance = AcceptanceRecord(k)
+        self.planner = DraftPlanner(k)
         self.trees = DraftTrees()
         self.rows: dict[str, _Row] = {}
         self.stats = DrafterStats()
@@ -80,44 +80,40 @@ class Drafting:
         out of the batch but still there is preempted: it comes back, and goes on where it was)."""
         start = time.perf_counter()
         hints = hints if hints is not None else {}
+        req_ids, token_ids = batch.req_ids, batch.token_ids_cpu
+        counts = batch.num_tokens_no_spec[:len(sampled_token_ids)].tolist()
         decoding, caps = [], []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a partial prefill
                 continue
-            req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
+            req_id, n = req_ids[i], counts[i]
             row = self.rows.get(req_id)
             if row is None:
-                row = self._start(req_id, batch.token_ids_cpu[i], int(batch.num_prompt_tokens[i]),
-                                  hints.get(req_id, NO_HINTS))
+                row = self._start(req_id, token_ids[i], int(batch.num_prompt_tokens[i]), hints.get(req_id, NO_HINTS))
             cap = self.max_model_len - n - 1
             left = row.predicted - (n - row.response_start) if row.predicted is not None else 0
             if left > 0:  # no further than its predicted end; one that outlived it is bounded by its room alone
                 cap = min(cap, left)
-            decoding.append(i)
+            decoding.append((i, req_id, n, row))
             caps.append(cap)
-        lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
-                                   self.acceptance.depth)
+        lengths = self.planner.plan([d[1] for d in decoding], caps)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         self.stats.rows += len(decoding)
         drafting_before = self.stats.drafting_s
-        for i, k in zip(decoding, lengths):
-            req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
-            row, tokens = self.rows[req_id], batch.token_ids_cpu[i]
-            if k <= 0:  # the trees take its tokens in runs: siblings see them at most SYNC_EVERY tokens late
-                if n - row.synced >= SYNC_EVERY:
-                    self._sync(req_id, row, tokens, n)
-                elif n > row.synced:  # kept until the next run, or for the trees when the row ends
-                    row.unsynced = tokens[row.synced:n].copy()
+        for (i, req_id, n, row), k in zip(decoding, lengths):
+            if k <= 0:
+                self._sync(req_id, row, token_ids[i], n, False)
                 continue
             began = time.perf_counter()
             self.stats.proposing_rows += 1
-            self._sync(req_id, row, tokens, n)
+            tokens = token_ids[i]
+            self._sync(req_id, row, tokens, n, True)
             draft = self.trees.propose(req_id, tokens[max(0, n - MAX_TREE_DEPTH):n], k)
             self.stats.from_group += draft.source == "group"
             drafts[i] = draft.token_ids
             self.stats.drafting_s += time.perf_counter() - began
-        self.budget.cost.proposed(self.stats.drafting_s - drafting_before, self.budget.planned[1])
-        seen = set(batch.req_ids[:len(sampled_token_ids)])
+        self.planner.cost.proposed(self.stats.drafting_s - drafting_before, self.planner.budget.planned[1])
+        seen = set(req_ids[:len(sampled_token_ids)])
         for req_id in [r for r in self.rows if r not in seen and r not in hints]:
             self._stop(req_id)
         self.stats.steps += 1
@@ -126,13 +122,13 @@ class Drafting:
 
     def step_took(self, seconds: float) -> None:
         """The step that verified the last proposal's drafts took ``seconds``, its proposing included."""
-        self.budget.step_took(seconds)
+        self.planner.step_took(seconds)
 
     def verified(self, req_ids, draft_token_ids: list[list[int]], output_token_ids, probabilities=None) -> None:
         """The verdicts on a step's drafts: row i kept the leading draft tokens equal to its output.
         ``probabilities[i]`` (target probabilities of row i's draft tokens, or None) feed the law tally."""
         s = self.stats
-        accepted = self.acceptance.verified(req_ids, draft_token_ids, output_token_ids)
+        accepted = self.planner.verified(req_ids, draft_token_ids, output_token_ids)
         for i, (draft, a) in enumerate(zip(draft_token_ids, accepted)):
             if not draft:
                 continue
@@ -156,22 +152,32 @@ class Drafting:
         start = min(max(0, start), prompt_len)
         self.trees.start(req_id, hints.group or prompt_tokens_key(tokens[:start]), tokens[:start], answer=not hints.head)
         self.trees.extend(req_id, tokens[start:prompt_len])
-        self.acceptance.forget(req_id)  # a request id used again starts afresh
-        row = self.rows[req_id] = _Row(start, hints.predicted, prompt_len)
+        self.planner.forget(req_id)  # a request id used again starts afresh
+        row = self.rows[req_id] = _Row(start, hints.predicted, prompt_len, prompt_len)
         return row
 
-    def _sync(self, req_id: str, row: _Row, tokens: np.ndarray, n: int) -> None:
-        if n > row.synced:
-            self.trees.extend(req_id, tokens[row.synced:n])
-            row.synced, row.unsynced = n, None
+    def _sync(self, req_id: str, row: _Row, tokens: np.ndarray, n: int, drafting: bool) -> None:
+        """The trees take a row's tokens in runs of ``SYNC_EVERY``: the run's tree (other groups' drafts) and the
+        group's (its siblings') at most that many tokens late; a row about to draft has its group's tree up to
+        date. The tokens neither has yet are kept, for the trees when the row ends."""
+        if n > row.synced and (drafting or n - row.synced >= SYNC_EVERY):
+            self.trees.extend_group(req_id, tokens[row.synced:n])
+            row.synced = n
+        if n - row.run_synced >= SYNC_EVERY:
+            self.trees.extend_run(req_id, tokens[row.run_synced:n])
+            row.run_synced = n
+        low = min(row.synced, row.run_synced)
+        row.unsynced = tokens[low:n].copy() if n > low else None
 
     def _stop(self, req_id: str) -> None:
         """The row left the engine: its last tokens, which the trees have not had yet, go in, then it stops."""
         row = self.rows.pop(req_id)
         if row.unsynced is not None:
-            self.trees.extend(req_id, row.unsynced)
+            end = min(row.synced, row.run_synced) + len(row.unsynced)
+            self.trees.extend_group(req_id, row.unsynced[len(row.unsynced) - (end - row.synced):])
+            self.trees.extend_run(req_id, row.unsynced[len(row.unsynced) - (end - row.run_synced):])
         self.trees.stop(req_id)
-        self.acceptance.forget(req_id)
+        self.planner.forget(req_id)
 
 
 def prompt_tokens_key(prompt: np.ndarray) -> str:

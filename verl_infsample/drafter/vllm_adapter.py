@@ -95,7 +95,7 @@ class GroupDrafter:
         model = self.runner.get_model() if hasattr(self.runner, "get_model") else getattr(self.runner, "model", None)
         if model is not None and hasattr(model, "parameters"):
             params = sum(p.numel() for p in model.parameters())
-            self.drafting.budget.cost.token_s = VERIFY_S_PER_PARAM * params
+            self.drafting.planner.cost.token_s = VERIFY_S_PER_PARAM * params
 
     def _watch_sampler(self) -> None:
         """Contact 4: wrap the runner's rejection sampler (once) to read its verdicts; only real steps reach it from

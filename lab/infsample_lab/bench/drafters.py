@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from verl_infsample.core.text_groups import PromptGroup, load_groups, make_tokenizer
+from verl_infsample.drafter.budget import DraftPlanner, StepCost
 
 DRAFTERS = ("ngram", "suffix", "group")
 # drafters that do not ship, measured to decide whether to build them: ``group_gpu``, the matching a device-resident
@@ -34,7 +35,7 @@ class DrafterResult:
     drafter: str
     tokens_per_step: float  # response tokens per row per step (1.0: no draft ever accepted)
     drafted_per_step: float  # draft tokens proposed per row per step
-    propose_us_per_row: float  # the proposer's time per row per step, on this CPU
+    propose_us_per_row: float  # the drafter's time per row per step on this CPU (proposing, reading the verdicts)
     responses: int  # responses measured (the first H of each prompt are history, not measured)
     tokens: int
     history: int
@@ -97,13 +98,15 @@ class Proposer:
     """One drafter behind one call: ``propose(batch, sampled) -> drafts``, and ``verified`` for the ones that
     learn from the verdicts."""
 
-    def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, token_s: float = 0.0):
-        """``token_s``: a verified token's seconds, for ``group``'s budget (0: drafts cost nothing)."""
+    def __init__(self, method: str, k: int, max_model_len: int, max_num_seqs: int, cost: StepCost | None = None):
+        """``cost``: what a step costs, for the budget of ``group`` and ``group_gpu`` (None: drafts cost
+        nothing)."""
         if method not in DRAFTERS + MODELED_DRAFTERS:
             raise ValueError(f"--drafter {method!r}: choose from {', '.join(DRAFTERS + MODELED_DRAFTERS)}")
         config = vllm_config(method, k, max_model_len, max_num_seqs) if method in DRAFTERS else None
         self.method, self.k = method, k
         self._proposed = 0
+        self.planner: DraftPlanner | None = None  # the budget of the drafters that have one
         if method == "ngram":
             from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
@@ -116,11 +119,14 @@ class Proposer:
             from verl_infsample.drafter import GroupDrafter
 
             self.impl = GroupDrafter(config, runner=object())
-            self.impl.drafting.budget.cost.token_s = token_s
+            self.planner = self.impl.drafting.planner
         elif method == "group_gpu":
             from .group_match import GroupMatchDrafter
 
-            self.impl = GroupMatchDrafter(k, token_s)
+            self.impl = GroupMatchDrafter(k)
+            self.planner = self.impl.planner
+        if cost is not None and self.planner is not None:
+            self.planner.budget.cost = cost
 
     def propose(self, batch: OfflineBatch, sampled: list[list[int]], requests=None) -> list[list[int]]:
         """``requests``: vLLM's requests by id, whose ``extra_args`` the group drafter reads (the server's hints)."""
@@ -155,10 +161,8 @@ class Proposer:
 
     def step_took(self, seconds: float) -> None:
         """The step that verified the last drafts took ``seconds`` (the budgets learn from it)."""
-        if self.method == "group":
-            self.impl.drafting.step_took(seconds)
-        elif self.method == "group_gpu":
-            self.impl.step_took(seconds)
+        if self.planner is not None:
+            self.planner.step_took(seconds)
 
 
 @dataclass
@@ -212,9 +216,11 @@ def _decode_round(proposer: Proposer, rows: list[tuple[str, list[int], list[int]
                 tally.tokens += len(gained)
                 tally.row_steps += 1
                 tally.drafted += len(draft)
-        proposer.verified(list(batch.req_ids), [list(d)[:proposer.k] for d in drafts], outputs)
-        if tally is not None:
-            tally.propose_s += elapsed
+        verdicts = (list(batch.req_ids), [list(d)[:proposer.k] for d in drafts], outputs)
+        start = time.perf_counter()
+        proposer.verified(*verdicts)
+        if tally is not None:  # the drafter's time: its proposing and what it learns from the verdicts
+            tally.propose_s += elapsed + time.perf_counter() - start
 
 
 def evaluate(groups: list[PromptGroup], method: str, *, history: int = 0, wave: int = 8,

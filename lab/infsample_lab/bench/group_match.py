@@ -17,7 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
-from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget, StepCost
+from verl_infsample.drafter.budget import DraftPlanner, StepCost
 from verl_infsample.drafter.drafting import prompt_tokens_key
 from verl_infsample.drafter.hints import GROUP_ARG
 
@@ -61,12 +61,11 @@ def _pool(texts: list[np.ndarray]) -> np.ndarray:
 
 
 class GroupMatchDrafter:
-    """``k``: most tokens a row drafts; ``token_s``: a verified token's seconds, for the budget."""
+    """``k``: most tokens a row drafts; ``cost``: what a step costs, for the budget (None: drafts cost nothing)."""
 
-    def __init__(self, k: int, token_s: float = 0.0):
+    def __init__(self, k: int, cost: StepCost | None = None):
         self.k = k
-        self.budget = DraftBudget(max_tokens=k, cost=StepCost(token_s=token_s, trusted_after=1))  # modeled seconds
-        self.acceptance = AcceptanceRecord(k)
+        self.planner = DraftPlanner(k, cost)
         self.rows: dict[str, tuple[str, int]] = {}  # request id -> (group, response start)
         self.answers: dict[str, deque] = {}  # group -> its last finished answers
         self.run_answers: deque = deque(maxlen=RUN_ANSWERS_KEPT)  # the run's last finished answers, any group
@@ -84,7 +83,7 @@ class GroupMatchDrafter:
             self.answers.setdefault(group, deque(maxlen=ANSWERS_KEPT)).appendleft(answer)
             self.run_answers.appendleft(answer)
             self._run_pool = None
-            self.acceptance.forget(rid)
+            self.planner.forget(rid)
         decoding = [i for i, out in enumerate(sampled) if out]
         by_group: dict[str, list[int]] = {}
         for i in decoding:
@@ -96,8 +95,7 @@ class GroupMatchDrafter:
             self.texts[rid] = batch.token_ids_cpu[i, :n]
             by_group.setdefault(self.rows[rid][0], []).append(i)
         caps = [self.k] * len(decoding)
-        lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
-                                   self.acceptance.depth)
+        lengths = self.planner.plan([batch.req_ids[i] for i in decoding], caps)
         drafts: list[list[int]] = [[] for _ in sampled]
         pools: dict[str, np.ndarray] = {}  # a group's answers (newest first), then its rows' responses
         for i, k in zip(decoding, lengths):
@@ -132,10 +130,7 @@ class GroupMatchDrafter:
         return [], scanned
 
     def verified(self, req_ids, drafts, outputs) -> None:
-        self.acceptance.verified(req_ids, drafts, outputs)
-
-    def step_took(self, seconds: float) -> None:
-        self.budget.step_took(seconds)
+        self.planner.verified(req_ids, drafts, outputs)
 
 
 def _group_of(request) -> str | None:

@@ -89,14 +89,13 @@ class ReplayDrafts:
         self.speculative_config = setup.speculative_config()
         self.batch = OfflineBatch(max_num_seqs, max_model_len + setup.tokens + 2)
         self.wall_s = 0.0  # measured here: the proposer's own calls
-        token_s = cost.verify_token_seconds() if cost is not None else 0.0
-        row_s = cost.propose_seconds(setup.method, 0, 1) if cost is not None else 0.0
+        # the budget weighs the proposer's time the replay charges, not this host's
+        step_cost = (ModeledStepCost(token_s=cost.verify_token_seconds(),
+                                     row_s=cost.propose_seconds(setup.method, 0, 1)) if cost is not None else None)
         if setup.accept is None:
-            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, token_s)
-            if setup.method == "group":  # the budget weighs the proposer's time the replay charges, not this host's
-                self.proposer.impl.drafting.budget.cost = ModeledStepCost(token_s=token_s, row_s=row_s)
+            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, step_cost)
         else:
-            self.proposer = SyntheticDrafter(setup, token_of, token_s, row_s)
+            self.proposer = SyntheticDrafter(setup, token_of, step_cost)
 
     def recall(self, past: list[PastResponse]) -> None:
         """Show the drafter ``past`` (oldest first) as it saw them: each a request that ran and finished."""
@@ -134,9 +133,12 @@ class ReplayDrafts:
                 if rid in scheduler.requests and not scheduler.requests[rid].is_finished()]
         checked = [(rid, verified[rid], out) for rid, out in zip(ids, sampled) if verified.get(rid) and out
                    and verified[rid][0] >= 0]  # vLLM pads a resumed row's first step with -1: no draft of ours
-        if checked:
-            self.proposer.verified([r for r, _, _ in checked], [d for _, d, _ in checked],
-                                   [out + [-1] * (len(d) + 1 - len(out)) for _, d, out in checked])
+        if checked:  # the drafter's time: what it learns from the verdicts, and its proposing below
+            verdicts = ([r for r, _, _ in checked], [d for _, d, _ in checked],
+                        [out + [-1] * (len(d) + 1 - len(out)) for _, d, out in checked])
+            start = time.perf_counter()
+            self.proposer.verified(*verdicts)
+            self.wall_s += time.perf_counter() - start
         self._mirror(scheduler, rows)
         if not rows:
             return 0, 0
@@ -201,14 +203,13 @@ class SyntheticDrafter:
     are the row's recorded next tokens, the next one is not. ``group`` sizes each row's draft by the product's
     ``DraftBudget`` from the verdicts; ``ngram`` and ``suffix`` draft ``tokens`` on every row."""
 
-    def __init__(self, setup: DraftSetup, token_of, token_s: float = 0.0, row_s: float = 0.0):
-        from verl_infsample.drafter.budget import AcceptanceRecord, DraftBudget
+    def __init__(self, setup: DraftSetup, token_of, cost: StepCost | None = None):
+        from verl_infsample.drafter.budget import DraftPlanner
 
         self.setup = setup
         self.token_of = token_of
-        self.budget = (DraftBudget(max_tokens=setup.tokens, cost=ModeledStepCost(token_s=token_s, row_s=row_s))
-                       if setup.method.startswith("group") else None)
-        self.acceptance = AcceptanceRecord(setup.tokens)
+        self.planner = DraftPlanner(setup.tokens, cost)
+        self.budgeted = setup.method.startswith("group")
         self.rng = np.random.default_rng(setup.seed)
         self.proposing_rows = 0
 
@@ -216,9 +217,8 @@ class SyntheticDrafter:
         decoding = [i for i, out in enumerate(sampled) if out]
         done = {i: requests[batch.req_ids[i]].num_output_tokens for i in decoding}
         caps = [requests[batch.req_ids[i]].max_tokens - done[i] - 1 for i in decoding]  # one is sampled after them
-        if self.budget is not None:
-            lengths = self.budget.plan([self.acceptance.row(batch.req_ids[i]) for i in decoding], caps,
-                                       self.acceptance.depth)
+        if self.budgeted:
+            lengths = self.planner.plan([batch.req_ids[i] for i in decoding], caps)
         else:
             lengths = [min(self.setup.tokens, cap) for cap in caps]
         drafts: list[list[int]] = [[] for _ in sampled]
@@ -231,13 +231,13 @@ class SyntheticDrafter:
             truth = [self.token_of(rid, done[i] + j) for j in range(min(k, accepted + 1))]
             draft = truth[:accepted] + [truth[accepted] + 1] if accepted < k else truth
             drafts[i] = draft + [0] * (k - len(draft))
-        for rid in [r for r in self.acceptance.rows if r not in batch.req_id_to_index]:
-            self.acceptance.forget(rid)
+        for rid in [r for r in self.planner.acceptance.rows if r not in batch.req_id_to_index]:
+            self.planner.forget(rid)
         return drafts
 
     def verified(self, req_ids, drafts, outputs) -> None:
-        self.acceptance.verified(req_ids, drafts, outputs)
+        self.planner.verified(req_ids, drafts, outputs)
 
     def step_took(self, seconds: float) -> None:
-        if self.budget is not None:
-            self.budget.step_took(seconds)
+        if self.budgeted:
+            self.planner.step_took(seconds)
