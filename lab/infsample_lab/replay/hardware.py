@@ -133,17 +133,18 @@ class Calibration:
     activation_bytes_per_batched_token: float = 0.0  # 0: estimated from the model shape (see ``kv_pool_blocks``)
     reserved_bytes: float = 2 * GIB  # CUDA context, graphs and allocator slack vLLM does not give to KV
     # the engine's host time per step, a fixed part and a part per scheduled row (vLLM's scheduler calls), and each
-    # drafter's time: per row it is called for (vLLM calls it for every decoding row, every step) and per row it
-    # drafts for (vLLM's own proposers draft on every row they are called for, so theirs is all the latter): `infsample replay-host` on a 2-core CPU (game of 24 text, 256 rows); a GPU
-    # host's own figures replace them
+    # drafter's time (proposing, and reading the verdicts): per row it is called for (vLLM calls it for every
+    # decoding row, every step) and per row it drafts for (vLLM's own proposers draft on every row they are called
+    # for, so theirs is all the latter): `infsample replay-host` on a 2-core CPU (game of 24 text, 256 rows; the
+    # drafters' figures the median of three runs); a GPU host's own figures replace them
     host_step_s: float = 1.2e-5
     host_row_s: float = 1.36e-5
-    propose_ngram_row_s: float = 3.5e-6
-    propose_suffix_row_s: float = 3.8e-5
-    propose_group_row_s: float = 4.8e-5
+    propose_ngram_row_s: float = 2.4e-6
+    propose_suffix_row_s: float = 1.23e-5
+    propose_group_row_s: float = 1.27e-5
     upkeep_ngram_row_s: float = 0.0
     upkeep_suffix_row_s: float = 0.0
-    upkeep_group_row_s: float = 1.2e-5
+    upkeep_group_row_s: float = 4.4e-6
     # a device drafter's kernel, at least this share of the step's GPU time (SpecDecode-Bench, arXiv 2601.11580:
     # n-gram drafting is 0.59% of the verify time, H100, Llama-3.1-8B)
     device_draft_share: float = 0.0059
