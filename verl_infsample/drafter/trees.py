@@ -198,10 +198,6 @@ class DraftTrees:
         """The step's output tokens of a row that drafted: what its next tokens were, for the choice of source."""
         self.choice.verified(req_id, output)
 
-    def run_answers(self) -> int:
-        """Finished answers the run's tree holds."""
-        return len(self._run_cached)
-
     def group_memory(self) -> int:
         """The group trees' bytes, at ``TREE_BYTES_PER_TOKEN``."""
         return TREE_BYTES_PER_TOKEN * self._tokens
