@@ -1,9 +1,9 @@
 """The group drafter's drafting, free of vLLM's types: one step's drafts for a batch of rows, and what the verdicts
 teach.
 
-Each step, rows start (their prompt into the trees, keyed by their group), grow (their new tokens into the trees:
-at once for a row that drafts, in runs of ``SYNC_EVERY`` for one that does not) and stop (a finished answer stays a
-draft source; a head's is dropped, its rest carries it). ``budget.DraftBudget`` says how many tokens each row drafts,
+Each step, rows start (their prompt into the trees, keyed by their group), grow (their new tokens into the trees
+in runs of ``SYNC_EVERY``, into their group's tree at once for a row about to draft) and stop (a finished answer
+stays a draft source; a head's is dropped, its rest carries it). ``budget.DraftBudget`` says how many tokens each row drafts,
 ``trees.DraftTrees`` what they are, weighing what a step costs (``budget.StepCost``: the proposer's own time measured
 here, the step's seconds told by :meth:`Drafting.step_took`). The verdicts feed each row's acceptance, the choice of
 source and the law tally.
@@ -172,10 +172,10 @@ class Drafting:
     def _stop(self, req_id: str) -> None:
         """The row left the engine: its last tokens, which the trees have not had yet, go in, then it stops."""
         row = self.rows.pop(req_id)
-        if row.unsynced is not None:
-            end = min(row.synced, row.run_synced) + len(row.unsynced)
-            self.trees.extend_group(req_id, row.unsynced[len(row.unsynced) - (end - row.synced):])
-            self.trees.extend_run(req_id, row.unsynced[len(row.unsynced) - (end - row.run_synced):])
+        if row.unsynced is not None:  # it starts where the less advanced of the two trees stopped
+            low = min(row.synced, row.run_synced)
+            self.trees.extend_group(req_id, row.unsynced[row.synced - low:])
+            self.trees.extend_run(req_id, row.unsynced[row.run_synced - low:])
         self.trees.stop(req_id)
         self.planner.forget(req_id)
 

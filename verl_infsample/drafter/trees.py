@@ -234,6 +234,7 @@ class DraftTrees:
 
 
 def _int32(tokens) -> np.ndarray:
-    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.flags.c_contiguous:  # vLLM's rows are
+    # vLLM's token rows already are: the common case skips the call
+    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.flags.c_contiguous:
         return tokens
     return np.ascontiguousarray(tokens, dtype=np.int32)

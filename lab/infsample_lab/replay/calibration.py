@@ -179,17 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.add_gpu_check:
         try:
-            key, source, points = gpu_check_points(json.loads(Path(a.add_gpu_check).read_text()))
+            key, source, added = gpu_check_points(json.loads(Path(a.add_gpu_check).read_text()))
         except (OSError, ValueError, KeyError) as e:
             ap.error(str(e) if isinstance(e, ValueError) else f"--add-gpu-check {a.add_gpu_check}: {e!r}")
-        add_points(a.points, key, source, points)
-        print(f"{a.points}: {len(points)} points of {key}")
+        add_points(a.points, key, source, added)
+        print(f"{a.points}: {len(added)} points of {key}")
     calibration = Calibration.from_file(a.calibration) if a.calibration else Calibration()
-    rows = table(calibration, published_points(a.points)[1])
+    points = published_points(a.points)[1]
+    rows = table(calibration, points)
     print(markdown(rows))
     worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
     print(f"\nworst: {worst['ratio']:.3f} ({worst['source']}, {worst['setting']}, drafts {worst['drafts']})")
-    fitted = fit(published_points(a.points)[1], base=calibration)
+    fitted = fit(points, base=calibration)
     print("fit to the points: " + ", ".join(f"{k}={getattr(fitted, k):.4g}" for k in FITTED))
     return 0
 
