@@ -6,10 +6,11 @@ with ``custom.speculative=group``, and with ``group_gpu`` (modeled, it does not 
 that keeps vLLM's async scheduling, ``bench/group_match.py``); on synthetic acceptances also ``infinite`` drafting a
 fixed K on every row (``suffix@A``), against which group's budget is measured. The floor: drafts on, none drafted
 (the drafts-off steps scheduled synchronously with the group drafter's upkeep), which the host drafter's budget
-cannot go under while vLLM drops async scheduling for it.
+cannot go under while vLLM drops async scheduling for it. ``--oracle`` adds ``group_oracle``, the bound no budget of
+the group drafter beats: its drafts cut to what verification accepts (``replay.drafts``).
 
     python scripts/drafts_table.py [--text NAME=G.jsonl[:TOKENIZER] ...] [--accept 0.3,0.6] [--replicas 1,8]
-        [--caps 4096,16384] [--samples-per-replica 1024] [--history 2] [--seed 907] [--json | --markdown]
+        [--caps 4096,16384] [--samples-per-replica 1024] [--history 2] [--seed 907] [--oracle] [--json | --markdown]
 
 ``--text``: multi-sample text (``{"prompt_id", "prompt", "responses"}`` a line, ``trace from-text``), its first
 ``--history`` responses per prompt an earlier step's; the table reports the later step. ``--accept``: synthetic
@@ -33,7 +34,8 @@ LANES = (("vllm", "off"), ("vllm", "suffix"), ("infinite", "group"), ("infinite"
 
 def _cell(trace, replicas: int, accept: float | None, seed: int, args) -> dict:
     """One trace on ``replicas``: each lane's modeled seconds and tokens per step, on the trace's last step."""
-    lanes = list(LANES) + ([("infinite", "suffix")] if accept is not None else [])
+    lanes = list(LANES) + ([("infinite", "suffix")] if accept is not None else []) \
+        + ([("infinite", "group_oracle")] if args.oracle else [])
     rows = {}
     for backend in ("vllm", "infinite"):
         specs = tuple(s for b, s in lanes if b == backend)
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=907)
+    p.add_argument("--oracle", action="store_true", help="add group_oracle: the group drafter's bound")
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)

@@ -88,6 +88,24 @@ def test_a_draft_is_accepted_only_where_it_equals_the_samples_next_token(method)
     assert res.output_tokens / res.decode_rows > 3 and res.engine_steps < 25
 
 
+@pytest.mark.parametrize("accept", [None, 0.3])
+def test_the_oracle_lane_verifies_only_accepted_tokens_and_no_budget_beats_it(accept):
+    """``group_oracle``: the group drafter's drafts cut to what verification accepts, on the recorded tokens and on
+    synthetic acceptance: nothing it drafts is rejected, it takes no more steps than the budget, and its modeled
+    seconds are under the budgeted drafter's, which drafts the same text less well."""
+    requests = _requests(_groups(), group_hint=True) if accept is None else \
+        [ReplayRequest(f"w{i}", (1, 2, 3), 100) for i in range(64)]
+    kwargs = dict(seqs=64, blocks=2000, batched=8192) if accept is not None else {}
+    budget, oracle = (_run(requests, DraftSetup(m, tokens=8, accept=accept), **kwargs)
+                      for m in ("group", "group_oracle"))
+    assert sorted(oracle.finished) == sorted(budget.finished)
+    assert 0 < oracle.accepted == oracle.drafted and budget.accepted < budget.drafted
+    assert oracle.engine_steps <= budget.engine_steps and oracle.model_s < budget.model_s
+    assert 0 < oracle.proposing_rows < oracle.proposer_rows  # charged only where a draft is left
+    assert DraftSetup("group_oracle").drafter == "group" and DraftSetup("group_oracle", accept=0.3).label == \
+        "group_oracle@0.3"
+
+
 def test_synthetic_drafts_accept_as_told():
     requests = [ReplayRequest(f"r{i}", (1, 2, 3), 200) for i in range(8)]
     none = _run(requests, DraftSetup("suffix", tokens=4, accept=0.0))

@@ -49,7 +49,8 @@ def add_replay_parser(sub) -> None:
     p.add_argument("--spec", action="append",
                    help=f"drafts, each backend run with each (repeat or comma-separate; {'|'.join(SPECS)}; default "
                         "off): the product's drafters, verified against the trace's tokens; group_gpu: a device-resident "
-                        "group drafter that does not ship (bench/group_match.py), with vLLM's async scheduling kept")
+                        "group drafter that does not ship (bench/group_match.py), with vLLM's async scheduling kept; "
+                        "X_oracle: drafter X's drafts cut to what verification accepts, a bound on its budgets")
     p.add_argument("--spec-tokens", type=int, default=8, help="draft tokens per row at most (custom.speculative_tokens)")
     p.add_argument("--spec-accept", type=float,
                    help="synthetic drafts (a trace without tokens): each draft token accepted with this probability "

@@ -16,6 +16,10 @@ On a trace without tokens (``--spec-accept A``) a synthetic drafter stands in: e
 probability A until the first rejection. ``ngram`` and ``suffix`` then draft ``K`` tokens on every row (a fixed
 K), ``group`` what the product's ``DraftBudget`` gives each row from its verdicts. Figures from it are labelled
 synthetic.
+
+A host drafter's ``_oracle`` lane (``group_oracle``) is a bound, not a drafter: its proposals, drafted as long as
+allowed, cut to the tokens verification will accept, its proposer charged only on rows left with a draft. No budget
+of that drafter beats it: a budget can only draft less, or draft tokens that are rejected and cost.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from verl_infsample.drafter.budget import StepCost
 
 from ..bench.drafters import DRAFTERS, MODELED_DRAFTERS, OfflineBatch, Proposer
 
-SPECS = ("off", *DRAFTERS, *MODELED_DRAFTERS)
+ORACLE = "_oracle"  # a host drafter's bound: its drafts cut to what verification accepts
+SPECS = ("off", *DRAFTERS, *MODELED_DRAFTERS, *(d + ORACLE for d in DRAFTERS))
 PAST_LIMIT = 10_000  # responses a replica's drafter recalls: vLLM's suffix_decoding_max_cached_requests default
 
 
@@ -65,6 +70,16 @@ class DraftSetup:
         return self.method != "off"
 
     @property
+    def oracle(self) -> bool:
+        """The lane's drafts are cut to what verification accepts (a bound on the drafter's budgets)."""
+        return self.method.endswith(ORACLE)
+
+    @property
+    def drafter(self) -> str:
+        """The drafter that proposes (``group`` for ``group_oracle``), as the cost model charges it."""
+        return self.method.removesuffix(ORACLE)
+
+    @property
     def label(self) -> str:
         """``suffix``, or ``suffix@0.6`` for the synthetic drafter at acceptance 0.6."""
         return self.method if self.accept is None or not self.on else f"{self.method}@{self.accept:g}"
@@ -74,7 +89,7 @@ class DraftSetup:
         a row may draft)."""
         from verl_infsample.integration.settings import InfiniteRolloutSettings
 
-        method = "ngram" if self.method in MODELED_DRAFTERS else self.method
+        method = "ngram" if self.drafter in MODELED_DRAFTERS else self.drafter
         return InfiniteRolloutSettings(speculative=method, speculative_tokens=self.tokens).speculative_config()
 
 
@@ -85,15 +100,17 @@ class ReplayDrafts:
         """``token_of(request_id, position)``: a request's recorded output token at ``position``; ``cost``: the
         replay's ``StepCostModel`` (None: drafts cost nothing)."""
         self.setup = setup
-        self.method = setup.method
+        self.method = setup.drafter
+        self.token_of = token_of
         self.speculative_config = setup.speculative_config()
         self.batch = OfflineBatch(max_num_seqs, max_model_len + setup.tokens + 2)
         self.wall_s = 0.0  # measured here: the proposer's own calls
         # the budget weighs the proposer's time the replay charges, not this host's
         step_cost = (ModeledStepCost(token_s=cost.verify_token_seconds(),
-                                     row_s=cost.propose_seconds(setup.method, 0, 1)) if cost is not None else None)
+                                     row_s=cost.propose_seconds(setup.drafter, 0, 1))
+                     if cost is not None and not setup.oracle else None)  # the oracle drafts all it may
         if setup.accept is None:
-            self.proposer = Proposer(setup.method, setup.tokens, max_model_len, max_num_seqs, step_cost)
+            self.proposer = Proposer(setup.drafter, setup.tokens, max_model_len, max_num_seqs, step_cost)
         else:
             self.proposer = SyntheticDrafter(setup, token_of, step_cost)
 
@@ -147,8 +164,22 @@ class ReplayDrafts:
         start = time.perf_counter()
         drafts = self.proposer.propose(self.batch, in_order, scheduler.requests)
         self.wall_s += time.perf_counter() - start
+        drafting = self.proposer.proposing_rows - before
+        if self.setup.oracle:
+            drafts = [self._accepted(scheduler.requests[rid], d) for rid, d in zip(self.batch.req_ids, drafts)]
+            drafting = sum(1 for d in drafts if d)
         scheduler.update_draft_token_ids(DraftTokenIds(list(self.batch.req_ids), [list(d) for d in drafts]))
-        return sum(1 for out in in_order if out), self.proposer.proposing_rows - before
+        return sum(1 for out in in_order if out), drafting
+
+    def _accepted(self, request, draft) -> list[int]:
+        """``draft`` up to its first token that verification would reject (the replica's ``_sample`` rule)."""
+        position, kept = request.num_output_tokens, []
+        for token in draft:
+            if position + len(kept) + 1 >= request.max_tokens or token != self.token_of(request.request_id,
+                                                                                        position + len(kept)):
+                break
+            kept.append(int(token))
+        return kept
 
     @property
     def drafting_s(self) -> float | None:
