@@ -3,7 +3,8 @@
 A step's seconds, as the budget weighs them (:class:`StepCost`): a fixed part (the weights read once, the rows' KV,
 the host's scheduling), a part for each verified token (its GEMMs: about 20 us on an H100 for an 8B model), and the
 proposer's time for each row that drafts. A row's j-th draft token gains the probability that it and the j-1 before
-it are accepted: the row's own acceptance of its first draft token (:class:`RowAcceptance`) times the batch's
+it are accepted: the row's acceptance of its first draft token (:class:`RowAcceptance`: its own verdicts weighed
+against the batch's, so that a rejection or two, likely at any rate, does not stop a row the batch says pays) times the batch's
 acceptance of a token at each later position given the one before it was accepted (:class:`DepthAcceptance`; on real
 text a token after an accepted one is accepted far more often than the first: a draft that matched goes on
 matching). :meth:`DraftBudget.plan` picks the draft lengths that maximise the step's expected tokens per second: a thin
@@ -24,7 +25,8 @@ from typing import Hashable, Sequence
 import numpy as np
 
 ACCEPTANCE_PRIOR = 0.5  # acceptance of a token before any was verified
-ACCEPTANCE_MEMORY = 0.7  # weight of a row's past in its running acceptance (per verified step)
+ACCEPTANCE_MEMORY = 0.7  # weight of a row's past verdicts against its newest (per verified step)
+ROW_PRIOR_WEIGHT = 4.0  # the batch's first-token acceptance counts as this many verdicts of a row's own
 DEPTH_MEMORY = 0.998  # weight of the past in the batch's counts by position (per verified row)
 # A verified token's GPU seconds per model parameter (on the worker's shard): the token GEMMs' 2 FLOPs a parameter at
 # an H100's / H200's dense bf16 peak (989 TFLOP/s) and the token efficiency the step model is fitted to (0.75;
@@ -38,19 +40,22 @@ PROPOSER_MEMORY = 0.7  # weight of the past in the proposer's running time a row
 
 @dataclass
 class RowAcceptance:
-    """One request's recent acceptance of its first draft token (a running mean over the steps it drafted), and how
-    long it has gone without drafting."""
+    """One request's recent verdicts on its first draft token (counts decayed per step it drafted), and how long it
+    has gone without drafting."""
 
-    first: float = ACCEPTANCE_PRIOR
+    accepted: float = 0.0
+    tested: float = 0.0
     idle_steps: int = 0
 
-    @property
-    def rate(self) -> float:
-        return self.first
+    def rate(self, batch: float) -> float:
+        """Its first token's acceptance: its own verdicts beside ``ROW_PRIOR_WEIGHT`` of the batch's rate ``batch``.
+        At 0.3 a token most rows see a rejection soon; on its own verdicts alone such a row would stop drafting."""
+        return (self.accepted + ROW_PRIOR_WEIGHT * batch) / (self.tested + ROW_PRIOR_WEIGHT)
 
     def verified(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
-            self.first = ACCEPTANCE_MEMORY * self.first + (1 - ACCEPTANCE_MEMORY) * (accepted > 0)
+            self.accepted = ACCEPTANCE_MEMORY * self.accepted + (accepted > 0)
+            self.tested = ACCEPTANCE_MEMORY * self.tested + 1
 
 
 class DepthAcceptance:
@@ -72,6 +77,11 @@ class DepthAcceptance:
         decay = DEPTH_MEMORY ** len(tested)
         self.accepted = self.accepted * decay + (accepted[:, None] > positions).sum(axis=0)
         self.tested = self.tested * decay + (tested[:, None] > positions).sum(axis=0)
+
+    def first(self) -> float:
+        """The batch's acceptance of a first draft token."""
+        return float((self.accepted[0] + ACCEPTANCE_PRIOR) / (self.tested[0] + 1.0)) if len(self.tested) else \
+            ACCEPTANCE_PRIOR
 
     def after_first(self, depth: int) -> np.ndarray:
         """Probability that tokens 2..j are accepted given the first was, for j = 1..``depth`` (1 for j = 1)."""
@@ -191,8 +201,12 @@ class DraftBudget:
             return []
         caps = np.minimum(self.max_tokens, np.maximum(0, np.asarray(caps if caps is not None else
                                                                     [self.max_tokens] * n, dtype=np.int64)))
-        k = caps if self.cost.free else self._best(np.array([r.rate for r in rows]), caps,
-                                                       depth or DepthAcceptance(self.max_tokens))
+        if self.cost.free:
+            k = caps
+        else:
+            depth = depth or DepthAcceptance(self.max_tokens)
+            batch = depth.first()
+            k = self._best(np.array([r.rate(batch) for r in rows]), caps, depth)
         out = []
         for row, ki, cap in zip(rows, k.tolist(), caps.tolist()):
             if ki == 0 and cap > 0:
