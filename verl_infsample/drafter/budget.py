@@ -1,18 +1,17 @@
 """How many tokens each row drafts this step, chosen for the whole batch at once, by what a step costs.
 
-A step's seconds, as the budget weighs them (:class:`StepCost`): a fixed part (the weights read once, the rows' KV,
-the host's scheduling), a part for each verified token (its GEMMs: about 20 us on an H100 for an 8B model), and the
-proposer's time for each row that drafts. A row's j-th draft token gains the probability that it and the j-1 before
-it are accepted: the row's acceptance of its first draft token (:class:`RowAcceptance`: its own verdicts weighed
-against the batch's, so that a rejection or two, likely at any rate, does not stop a row the batch says pays) times the batch's
+A step's seconds, as the budget weighs them (:class:`StepCost`): a fixed part (the weights read once, the rows' KV, the
+host's scheduling), a part for each verified token (its GEMMs: about 20 us on an H100 for an 8B model), and the
+proposer's time for each row that drafts. A row's j-th draft token gains the probability that it and the j-1 before it
+are accepted: the row's acceptance of its first draft token (:class:`RowAcceptance`: its own verdicts weighed against
+the batch's, so that a rejection or two, likely at any rate, does not stop a row the batch says pays) times the batch's
 acceptance of a token at each later position given the one before it was accepted (:class:`DepthAcceptance`; on real
-text a token after an accepted one is accepted far more often than the first: a draft that matched goes on
-matching). :meth:`DraftBudget.plan` picks the draft lengths that maximise the step's expected tokens per second: a thin
-tail (few rows, a step's fixed part dominant) drafts as long as the trees offer; a full batch drafts only the tokens
-likely enough to pay for their GEMMs and the proposer's time, or none. A row given no draft tokens does not propose
-at all, sparing the proposer's time, and tries one token again every ``retry_every`` steps, so its acceptance stays
-current. Each row's cap comes from its caller (``drafting``: its room in the model, and its predicted end while it
-has not outlived it).
+text a token after an accepted one is accepted far more often than the first: a draft that matched goes on matching).
+:meth:`DraftBudget.plan` picks the draft lengths that maximise the step's expected tokens per second: a thin tail (few
+rows, a step's fixed part dominant) drafts as long as the trees offer; a full batch drafts only the tokens likely enough
+to pay for their GEMMs and the proposer's time, or none. A row given no draft tokens does not propose at all, sparing
+the proposer's time, and tries one token again every ``retry_every`` steps, so its acceptance stays current. Each row's
+cap comes from its caller (``drafting``: its room in the model, and its predicted end while it has not outlived it).
 """
 
 from __future__ import annotations
