@@ -3,8 +3,8 @@ teach.
 
 Each step, rows start (their prompt into the trees, keyed by their group), grow (their new tokens into the trees
 in runs of ``SYNC_EVERY``, into their group's tree at once for a row about to draft) and stop (a finished answer
-stays a draft source; a head's is dropped, its rest carries it). ``budget.DraftBudget`` says how many tokens each row drafts,
-``trees.DraftTrees`` what they are, weighing what a step costs (``budget.StepCost``: the proposer's own time measured
+stays a draft source; a head's is dropped, its rest carries it). ``budget.DraftBudget`` says how many tokens each
+row drafts, ``trees.DraftTrees`` what they are, weighing what a step costs (``budget.StepCost``: the proposer's own time measured
 here, the step's seconds told by :meth:`Drafting.step_took`). The verdicts feed each row's acceptance, the choice of
 source and the law tally.
 """

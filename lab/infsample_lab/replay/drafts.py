@@ -38,6 +38,16 @@ SPECS = ("off", *DRAFTERS, *MODELED_DRAFTERS, *(d + ORACLE for d in DRAFTERS))
 PAST_LIMIT = 10_000  # responses a replica's drafter recalls: vLLM's suffix_decoding_max_cached_requests default
 
 
+def accepted_length(draft, position: int, max_tokens: int, token_at) -> int:
+    """Leading tokens of ``draft`` that verification accepts for a sample at ``position``: those equal to its
+    recorded next ones (``token_at(position)``), none past its end (one token is sampled after them)."""
+    accepted = 0
+    while (accepted < len(draft) and position + accepted + 1 < max_tokens
+           and draft[accepted] == token_at(position + accepted)):
+        accepted += 1
+    return accepted
+
+
 @dataclass(frozen=True)
 class PastResponse:
     """A response a replica finished in an earlier step: its group (None: the server names none), prompt and ids."""
@@ -172,14 +182,10 @@ class ReplayDrafts:
         return sum(1 for out in in_order if out), drafting
 
     def _accepted(self, request, draft) -> list[int]:
-        """``draft`` up to its first token that verification would reject (the replica's ``_sample`` rule)."""
-        position, kept = request.num_output_tokens, []
-        for token in draft:
-            if position + len(kept) + 1 >= request.max_tokens or token != self.token_of(request.request_id,
-                                                                                        position + len(kept)):
-                break
-            kept.append(int(token))
-        return kept
+        """``draft`` up to its first token that verification would reject."""
+        rid = request.request_id
+        return [int(t) for t in draft[:accepted_length(draft, request.num_output_tokens, request.max_tokens,
+                                                        lambda position: self.token_of(rid, position))]]
 
     @property
     def drafting_s(self) -> float | None:

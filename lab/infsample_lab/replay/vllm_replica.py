@@ -39,12 +39,11 @@ import numpy as np
 
 from verl_infsample.integration.vllm_versions import scheduler_request_limit
 
+from .drafts import DraftSetup, ReplayDrafts, accepted_length
 from .hardware import ASYNC_DRAFTERS, ModelShape, StepCostModel
 
 if TYPE_CHECKING:
     from verl_infsample.drafter.hints import SampleArrival
-
-    from .drafts import DraftSetup
 
 
 @dataclass(frozen=True)
@@ -185,8 +184,6 @@ class ReplicaReplay:
                  drafts: "DraftSetup | None" = None):
         """``rests_held``: a probe's rest waits in ``rests_ready`` for the caller to ``submit_rest`` it (a gate in
         front of vLLM), instead of going in as its probe ends. ``drafts``: what drafts for the rows (None: off)."""
-        from .drafts import ReplayDrafts
-
         drafts = ReplayDrafts(drafts, setup.max_model_len, setup.max_num_seqs, self._token, cost) \
             if drafts is not None and drafts.on else None
         self.setup = setup
@@ -386,10 +383,7 @@ class ReplicaReplay:
     def _sample(self, rid: str, position: int, max_tokens: int, draft) -> list[int]:
         """What ``rid`` samples at ``position`` after verifying ``draft``: the draft tokens equal to its recorded
         next ones (at most up to its end), then its own next token."""
-        accepted = 0
-        while (accepted < len(draft) and position + accepted + 1 < max_tokens
-               and draft[accepted] == self._token(rid, position + accepted)):
-            accepted += 1
+        accepted = accepted_length(draft, position, max_tokens, lambda at: self._token(rid, at))
         return [self._token(rid, position + j) for j in range(accepted + 1)]
 
     def _token(self, rid: str, position: int) -> int:
